@@ -1,0 +1,39 @@
+"""Engine configuration: what the operator sets once per model (config.pbtxt parameters map onto it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    """Capacity and scheduling knobs.
+
+    Invariants: ``block_size`` >= 1; the KV pool holds ``max_kv_tokens`` tokens rounded down to whole
+    blocks when set, else ``kv_mem_fraction`` of free device memory (CUDA) or of available RAM (CPU);
+    ``max_num_tokens`` bounds the tokens computed in one step (prefill chunks + decodes).
+    """
+
+    block_size: int = 16                 # tokens_per_block
+    max_kv_tokens: int | None = None     # max_tokens_in_paged_kv_cache
+    kv_mem_fraction: float = 0.9         # kv_cache_free_gpu_mem_fraction
+    max_num_tokens: int = 512            # per-step token budget
+    max_num_seqs: int = 64               # running batch bound
+    max_queue_size: int = 1024           # waiting requests bound; beyond it add_request raises QueueFull
+    enable_chunked_prefill: bool = True  # enable_chunked_context
+    max_input_len: int | None = None     # defaults to the checkpoint's context length
+    max_seq_len: int | None = None       # prompt + output; defaults to the checkpoint's context length
+    device: str = "auto"                 # auto | cpu | cuda[:N]
+    dtype: str = "auto"                  # auto | float32 | bfloat16 | float16
+    num_threads: int = 0                 # torch intra-op threads on CPU; 0 keeps torch's default
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("tokens_per_block must be >= 1")
+        if self.max_num_tokens < 1:
+            raise ValueError("max_num_tokens must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_sequences must be >= 1")
+        if self.max_queue_size < 0:
+            raise ValueError("max_queue_size must be >= 0")
+        if not 0.0 < self.kv_mem_fraction <= 1.0:
+            raise ValueError("kv_cache_free_gpu_mem_fraction must be in (0, 1]")

@@ -1,0 +1,251 @@
+"""LLMEngine: validates and admits requests, runs one scheduling step at a time, reports deltas.
+
+Single-threaded by design: only the owner thread (see runner.py) calls add/abort/step.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import torch
+
+from .config import EngineConfig
+from .kv_cache import BlockPool, KVCache
+from .loader import load_model
+from .model import AttentionMeta, Transformer
+from .request import InvalidRequest, Request, RequestOutput, SamplingParams
+from .sampler import sample
+from .scheduler import Scheduler
+
+
+def _available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 4 << 30
+
+
+class LLMEngine:
+    def __init__(self, model_dir: str, config: EngineConfig | None = None,
+                 model: Transformer | None = None) -> None:
+        self.config = config or EngineConfig()
+        if self.config.num_threads > 0:
+            torch.set_num_threads(self.config.num_threads)
+        self.model = model or load_model(model_dir, self.config.device, self.config.dtype)
+        spec = self.model.spec
+        self.spec = spec
+        self.max_seq_len = min(self.config.max_seq_len or spec.max_position_embeddings,
+                               spec.max_position_embeddings)
+        self.max_input_len = min(self.config.max_input_len or self.max_seq_len, self.max_seq_len)
+        bs = self.config.block_size
+        self.kv_bytes_per_token = KVCache.bytes_per_token(spec.num_layers, spec.num_kv_heads,
+                                                          spec.head_dim, self.model.dtype)
+        if self.config.max_kv_tokens:
+            tokens = self.config.max_kv_tokens
+        else:
+            budget = int(_available_memory(self.model.device) * self.config.kv_mem_fraction)
+            tokens = min(budget // self.kv_bytes_per_token, self.config.max_num_seqs * self.max_seq_len)
+        num_blocks = max(tokens // bs, 1)
+        self.pool = BlockPool(num_blocks)
+        self.kv = KVCache(spec.num_layers, num_blocks, bs, spec.num_kv_heads, spec.head_dim,
+                          self.model.dtype, self.model.device)
+        self.scheduler = Scheduler(self.config, self.pool)
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._arange = torch.arange(bs, device=self.model.device)
+
+    # ---- admission -------------------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raises InvalidRequest naming the input. Read-only, safe to call from any thread."""
+        V = self.spec.vocab_size
+        if not prompt_ids:
+            raise InvalidRequest("input_ids is empty")
+        bad = [t for t in prompt_ids if not 0 <= t < V]
+        if bad:
+            raise InvalidRequest(f"input_ids holds ids outside the vocabulary [0, {V}): {bad[:5]}")
+        if len(prompt_ids) > self.max_input_len:
+            raise InvalidRequest(f"input_ids has {len(prompt_ids)} tokens, max_input_len is {self.max_input_len}")
+        if params.max_tokens < 1:
+            raise InvalidRequest(f"request_output_len must be >= 1, got {params.max_tokens}")
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.max_seq_len:
+            raise InvalidRequest(f"input length {len(prompt_ids)} + request_output_len {params.max_tokens} "
+                                 f"exceeds max_seq_len {self.max_seq_len}")
+        if total > self.pool.num_blocks * self.config.block_size:
+            raise InvalidRequest(f"input length + request_output_len = {total} tokens exceeds the KV cache "
+                                 f"({self.pool.num_blocks * self.config.block_size} tokens)")
+        if not self.config.enable_chunked_prefill and total > self.config.max_num_tokens:
+            raise InvalidRequest(f"{total} tokens exceed max_num_tokens {self.config.max_num_tokens} "
+                                 "and chunked context is disabled")
+        for name, value in (("temperature", params.temperature), ("runtime_top_p", params.top_p),
+                            ("repetition_penalty", params.repetition_penalty),
+                            ("presence_penalty", params.presence_penalty),
+                            ("frequency_penalty", params.frequency_penalty)):
+            if not math.isfinite(value):
+                raise InvalidRequest(f"{name} must be finite, got {value}")
+        if params.temperature < 0:
+            raise InvalidRequest(f"temperature must be >= 0, got {params.temperature}")
+        if not 0.0 <= params.top_p <= 1.0:
+            raise InvalidRequest(f"runtime_top_p must be in [0, 1], got {params.top_p}")
+        if params.top_k < 0:
+            raise InvalidRequest(f"runtime_top_k must be >= 0, got {params.top_k}")
+        if params.repetition_penalty <= 0:
+            raise InvalidRequest(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+        if params.min_tokens < 0:
+            raise InvalidRequest(f"min_tokens must be >= 0, got {params.min_tokens}")
+        if params.end_id is not None and not (params.end_id == -1 or 0 <= params.end_id < V):
+            raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary")
+        for name, words in (("stop_words_list", params.stop_words), ("bad_words_list", params.bad_words)):
+            for w in words:
+                if not w or any(not 0 <= t < V for t in w):
+                    raise InvalidRequest(f"{name} holds an empty word or ids outside the vocabulary")
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in flight")
+        self.validate(prompt_ids, params)
+        gen = torch.Generator(device=self.model.device)
+        gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+        req = Request(request_id, list(prompt_ids), params, time.monotonic(), generator=gen)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.remove(req)
+        return RequestOutput(request_id, [], [], True, "abort", req.num_prompt, req.num_emitted,
+                             req.cum_logprob)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    # ---- one iteration ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        self.num_preemptions += len(sched.preempted)
+        if not sched.items:
+            return []
+        sampling, rows, meta, ids, pos = self._prepare(sched.items)
+        logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
+        for req, n in sched.items:
+            req.num_computed += n
+        tokens, lps = sample(logits, sampling, self._end_ids) if sampling else ([], [])
+        outputs = []
+        now = time.monotonic()
+        for req, tok, lp in zip(sampling, tokens, lps):
+            if req.first_token_time is None:
+                req.first_token_time = now
+            out = self._append(req, tok, lp)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _prepare(self, items):
+        dev = self.model.device
+        bs = self.config.block_size
+        ids, pos, slots = [], [], []
+        sampling, rows = [], []
+        decode_rows, decode_slots, decode_lens = [], [], []
+        prefills = []
+        window = self.spec.sliding_window
+        for req, n in items:
+            start = len(ids)
+            p0 = req.num_computed
+            ids.extend(req.token_ids[p0:p0 + n])
+            pos.extend(range(p0, p0 + n))
+            table = torch.tensor(req.block_table, dtype=torch.long)
+            all_slots = (table[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)[:p0 + n]
+            slots.append(all_slots[p0:p0 + n])
+            if n == 1:
+                decode_rows.append(start)
+                decode_slots.append(all_slots)
+                decode_lens.append(p0 + 1)
+            else:
+                kpos = torch.arange(p0 + n)
+                qpos = torch.arange(p0, p0 + n)
+                mask = kpos[None, :] <= qpos[:, None]
+                if window:
+                    mask &= kpos[None, :] > qpos[:, None] - window
+                prefills.append((start, n, all_slots.to(dev), mask.to(dev)))
+            if p0 + n == len(req.token_ids):
+                sampling.append(req)
+                rows.append(start + n - 1)
+        meta = AttentionMeta(torch.cat(slots).to(dev), None, None, None, prefills)
+        if decode_rows:
+            kmax = max(decode_lens)
+            gather = torch.zeros(len(decode_rows), kmax, dtype=torch.long)
+            for i, s in enumerate(decode_slots):
+                gather[i, :len(s)] = s
+            lens = torch.tensor(decode_lens)
+            kpos = torch.arange(kmax)[None, :]
+            mask = kpos < lens[:, None]
+            if window:
+                mask &= kpos > (lens[:, None] - 1 - window)
+            meta.decode_rows = torch.tensor(decode_rows, device=dev)
+            meta.decode_gather = gather.to(dev)
+            meta.decode_mask = mask[:, None, None, :].to(dev)
+        return (sampling, torch.tensor(rows, dtype=torch.long, device=dev), meta,
+                torch.tensor(ids, device=dev), torch.tensor(pos, device=dev))
+
+    def _end_ids(self, req: Request) -> frozenset[int]:
+        e = req.params.end_id
+        if e is None:
+            return frozenset(self.spec.eos_token_ids)
+        return frozenset() if e == -1 else frozenset((e,))
+
+    def _append(self, req: Request, tok: int, lp: float) -> RequestOutput | None:
+        """Records a sampled token; returns the visible delta (None when nothing new is visible)."""
+        p = req.params
+        reason = None
+        if tok in self._end_ids(req) and req.num_output >= p.min_tokens:
+            reason = "stop"                    # EOS is not part of the visible output
+        else:
+            req.token_ids.append(tok)
+            req.logprobs.append(lp)
+            out = req.output_ids
+            for w in p.stop_words:
+                if len(out) >= len(w) and out[-len(w):] == w and req.num_output >= p.min_tokens:
+                    reason, req.stop_trim = "stop", len(w)
+                    break
+            if reason is None and req.num_output >= p.max_tokens:
+                reason = "length"
+            if reason is None and len(req.token_ids) >= self.max_seq_len:
+                reason = "length"
+        visible = req.num_output - req.stop_trim
+        if reason is None:
+            visible -= self._stop_holdback(req)
+        new = req.output_ids[req.num_emitted:visible]
+        new_lp = req.logprobs[req.num_emitted:visible]
+        req.num_emitted = max(req.num_emitted, visible)
+        req.cum_logprob += sum(new_lp)
+        if reason is not None:
+            req.finish_reason = reason
+            self.requests.pop(req.request_id, None)
+            self.scheduler.remove(req)
+        elif not new:
+            return None
+        return RequestOutput(req.request_id, new, new_lp, reason is not None, reason, req.num_prompt,
+                             req.num_emitted, req.cum_logprob)
+
+    @staticmethod
+    def _stop_holdback(req: Request) -> int:
+        """Generated tokens to hold back because they may be the start of a stop word."""
+        out = req.output_ids
+        best = 0
+        for w in req.params.stop_words:
+            for k in range(min(len(w) - 1, len(out)), best, -1):
+                if out[-k:] == w[:k]:
+                    best = k
+                    break
+        return best
+

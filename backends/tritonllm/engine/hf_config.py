@@ -1,0 +1,122 @@
+"""Read an HF checkpoint's config.json into the few facts the engine's model needs.
+
+Parsing goes through transformers' own config classes (no remote code), so rope parameters in either the
+old (`rope_theta` + `rope_scaling`) or the new (`rope_parameters`) layout are understood the same way HF
+understands them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint is not one of SUPPORTED_ARCHITECTURES or uses a feature the engine lacks."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_window: int | None
+    torch_dtype: str
+    eos_token_ids: tuple[int, ...]
+    hf_config: Any  # the transformers PretrainedConfig, for rope initialisation
+
+
+def load_spec(model_dir: str) -> ModelSpec:
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no config.json in checkpoint directory {model_dir!r}")
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    archs = raw.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise UnsupportedModelError(
+            f"{path}: architectures {archs or raw.get('model_type')} not supported; "
+            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+    from transformers import AutoConfig  # local import: heavy, and only needed at load time
+
+    cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
+    rope = _rope_params(cfg)
+    if rope.get("rope_type", "default") not in ("default", "linear", "llama3", "yarn", "longrope"):
+        raise UnsupportedModelError(f"{path}: rope_type {rope.get('rope_type')!r} is not supported")
+    kind = SUPPORTED_ARCHITECTURES[arch]
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    window = getattr(cfg, "sliding_window", None)
+    if kind == "qwen2" or kind == "qwen3":
+        window = window if getattr(cfg, "use_sliding_window", False) else None
+    eos = raw.get("eos_token_id")
+    gen_path = os.path.join(model_dir, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id", eos)
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    return ModelSpec(
+        architecture=arch,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        intermediate_size=cfg.intermediate_size,
+        rms_norm_eps=cfg.rms_norm_eps,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        attention_bias=kind == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+        mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+        qk_norm=kind == "qwen3",
+        sliding_window=window,
+        torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+        eos_token_ids=eos_ids,
+        hf_config=cfg,
+    )
+
+
+def _rope_params(cfg: Any) -> dict:
+    params = getattr(cfg, "rope_parameters", None)
+    if params is None:
+        params = getattr(cfg, "rope_scaling", None) or {}
+    params = dict(params)
+    if "rope_type" not in params and "type" in params:
+        params["rope_type"] = params["type"]
+    return params
+
+
+def rope_inv_freq(spec: ModelSpec, device):
+    """Inverse frequencies and attention scaling exactly as transformers computes them."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope_type = _rope_params(spec.hf_config).get("rope_type", "default")
+    if rope_type == "default":
+        import torch
+
+        base = _rope_params(spec.hf_config).get("rope_theta", getattr(spec.hf_config, "rope_theta", 10000.0))
+        dim = spec.head_dim
+        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv.to(device), 1.0
+    return ROPE_INIT_FUNCTIONS[rope_type](spec.hf_config, device)

@@ -1,0 +1,68 @@
+"""Load an HF checkpoint directory (config.json + safetensors, sharded or not) into a Transformer."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+
+from .hf_config import ModelSpec, load_spec
+from .model import Transformer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"engine_device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        if name not in _DTYPES:
+            raise ValueError(f"engine_dtype {name!r} not in {sorted(_DTYPES)}")
+        return _DTYPES[name]
+    ckpt = _DTYPES.get(spec.torch_dtype.replace("torch.", ""), torch.float32)
+    if device.type == "cpu" and ckpt == torch.float16:
+        return torch.bfloat16  # fp16 matmuls are slow on most CPUs; bf16 keeps the range
+    return ckpt
+
+
+def load_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(model_dir, n) for n in names]
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in checkpoint directory {model_dir!r} (pickled .bin "
+                                "checkpoints are refused: convert them to safetensors)")
+    weights: dict[str, torch.Tensor] = {}
+    for path in files:
+        try:
+            weights.update(load_file(path))
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise ValueError(f"cannot read safetensors file {path}: {e}") from e
+    return weights
+
+
+def load_model(model_dir: str, device: str = "auto", dtype: str = "auto") -> Transformer:
+    spec = load_spec(model_dir)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, spec, dev)
+    weights = load_weights(model_dir)
+    missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in weights]
+    if missing:
+        raise ValueError(f"{model_dir}: safetensors lack {missing}")
+    try:
+        return Transformer(spec, weights, dev, dt)
+    except KeyError as e:
+        raise ValueError(f"{model_dir}: missing weight {e.args[0]}") from e

@@ -1,0 +1,142 @@
+"""The Llama-family transformer (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+
+Numerics follow transformers' reference code (RMSNorm in fp32, rotate-half RoPE with HF's inverse
+frequencies, SDPA attention) so that greedy decoding in fp32 matches HF token for token. Projections are
+fused (qkv, gate+up) to cut per-layer kernel launches; each output column is still one dot product.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .hf_config import ModelSpec, rope_inv_freq
+
+
+@dataclass
+class AttentionMeta:
+    """Per-step layout of the flat token batch, shared by all layers.
+
+    Sequences with one new token (decodes) are attended together through a padded gather;
+    sequences with several new tokens (prefill chunks) are attended one by one.
+    """
+
+    slot_mapping: torch.Tensor                 # [T] cache slot of every new token
+    decode_rows: torch.Tensor | None           # [Bd] flat token index of each decode
+    decode_gather: torch.Tensor | None         # [Bd, Kmax] cache slots to read (padded)
+    decode_mask: torch.Tensor | None           # [Bd, 1, 1, Kmax] True where a key is visible
+    prefills: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (start, q_len, gather [K], mask [q, K])
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Layer:
+    def __init__(self, w: dict[str, torch.Tensor], spec: ModelSpec) -> None:
+        self.ln1 = w["input_layernorm.weight"]
+        self.ln2 = w["post_attention_layernorm.weight"]
+        self.qkv = torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
+                              w["self_attn.v_proj.weight"]], 0).contiguous()
+        self.qkv_b = None
+        if spec.attention_bias:
+            self.qkv_b = torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"],
+                                    w["self_attn.v_proj.bias"]], 0).contiguous()
+        self.o = w["self_attn.o_proj.weight"]
+        self.o_b = w.get("self_attn.o_proj.bias")
+        self.q_norm = w.get("self_attn.q_norm.weight")
+        self.k_norm = w.get("self_attn.k_norm.weight")
+        self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]], 0).contiguous()
+        self.gate_up_b = None
+        if spec.mlp_bias:
+            self.gate_up_b = torch.cat([w["mlp.gate_proj.bias"], w["mlp.up_proj.bias"]], 0)
+        self.down = w["mlp.down_proj.weight"]
+        self.down_b = w.get("mlp.down_proj.bias")
+
+
+class Transformer:
+    """Weights + forward. Not an nn.Module: inference only, no autograd, no hooks."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype
+        w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        self.embed = w["model.embed_tokens.weight"]
+        self.norm = w["model.norm.weight"]
+        self.lm_head = self.embed if spec.tie_word_embeddings else w.get("lm_head.weight", self.embed)
+        self.layers = []
+        for i in range(spec.num_layers):
+            prefix = f"model.layers.{i}."
+            self.layers.append(Layer({k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}, spec))
+        inv_freq, self.rope_scale = rope_inv_freq(spec, device)
+        self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
+        self.q_size = spec.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.scale = spec.head_dim ** -0.5
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta,
+                kv_k: list[torch.Tensor], kv_v: list[torch.Tensor],
+                logits_rows: torch.Tensor) -> torch.Tensor:
+        """Runs the new tokens, writes their K/V into the cache, returns fp32 logits of `logits_rows`."""
+        spec = self.spec
+        h = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope(positions)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        T = input_ids.shape[0]
+        for li, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.ln1, spec.rms_norm_eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_b)
+            q = qkv[:, :self.q_size].view(T, spec.num_heads, spec.head_dim)
+            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, spec.num_kv_heads, spec.head_dim)
+            v = qkv[:, self.q_size + self.kv_size:].view(T, spec.num_kv_heads, spec.head_dim)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            kv_k[li][meta.slot_mapping] = k
+            kv_v[li][meta.slot_mapping] = v
+            attn = self._attention(q, kv_k[li], kv_v[li], meta)
+            h = h + F.linear(attn.reshape(T, self.q_size), layer.o, layer.o_b)
+            x = rms_norm(h, layer.ln2, spec.rms_norm_eps)
+            gu = F.linear(x, layer.gate_up, layer.gate_up_b)
+            inter = gu.shape[-1] // 2
+            h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.down, layer.down_b)
+        h = rms_norm(h[logits_rows], self.norm, spec.rms_norm_eps)
+        return F.linear(h, self.lm_head).float()
+
+    def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   meta: AttentionMeta) -> torch.Tensor:
+        out = torch.empty_like(q)
+        if meta.decode_rows is not None:
+            qd = q[meta.decode_rows].unsqueeze(2)                          # [B, H, 1, D]
+            kd = k_cache[meta.decode_gather].permute(0, 2, 1, 3)           # [B, KVH, K, D]
+            vd = v_cache[meta.decode_gather].permute(0, 2, 1, 3)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
+                                                scale=self.scale, enable_gqa=True)
+            out[meta.decode_rows] = od.squeeze(2)
+        for start, n, gather, mask in meta.prefills:
+            qp = q[start:start + n].transpose(0, 1).unsqueeze(0)           # [1, H, n, D]
+            kp = k_cache[gather].transpose(0, 1).unsqueeze(0)              # [1, KVH, K, D]
+            vp = v_cache[gather].transpose(0, 1).unsqueeze(0)
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale,
+                                                enable_gqa=True)
+            out[start:start + n] = op.squeeze(0).transpose(0, 1)
+        return out

@@ -1,0 +1,107 @@
+"""A request's parameters and evolving state, and what the engine reports back after each step."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses; the message names the offending input (maps to INVALID_ARG)."""
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at max_queue_size (maps to UNAVAILABLE)."""
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding controls with TensorRT-LLM semantics.
+
+    Greedy when temperature == 0, top_k == 1, or neither top_k nor top_p is set (top_k == 0 and
+    top_p in (0, 1] unset) -- TensorRT-LLM's default. ``end_id`` None means the checkpoint's EOS ids;
+    -1 means never stop on EOS. Word lists are lists of token-id sequences.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    seed: int | None = None
+    end_id: int | None = None
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    return_log_probs: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1 or (self.top_k == 0 and self.top_p <= 0.0)
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """Engine-side state. ``token_ids`` = prompt + generated; tokens [0, num_computed) have KV in the cache."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_emitted: int = 0                 # generated tokens already reported (stop-word hold-back aware)
+    logprobs: list[float] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    generator: torch.Generator | None = None
+    stop_trim: int = 0                   # trailing generated tokens hidden because they form a stop word
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt:]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.num_prompt
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: newly visible tokens (a delta) and, when finished, why."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[float]
+    finished: bool
+    finish_reason: str | None = None     # "stop" (EOS or stop word), "length", "abort"
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0           # total visible generated tokens so far
+    cum_logprob: float = 0.0
+    error: str | None = None

@@ -1,0 +1,120 @@
+"""Runs an LLMEngine on one background thread and hands each output to a callback.
+
+Invariants: only the runner thread touches the engine after start(); submit() validates in the caller's
+thread (so bad input fails at once) and is refused with QueueFull when more than
+max_num_seqs + max_queue_size requests are unfinished; every submitted request gets exactly one final
+output (finished=True), also on abort, engine error, or shutdown.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections import deque
+from typing import Callable
+
+from .engine import LLMEngine
+from .request import InvalidRequest, QueueFull, RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineRunner:
+    def __init__(self, engine: LLMEngine, on_output: Callable[[RequestOutput], None]) -> None:
+        self.engine = engine
+        self.on_output = on_output
+        self._cv = threading.Condition()
+        self._inbox: deque = deque()
+        self._unfinished: set[str] = set()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+        self.capacity = engine.config.max_num_seqs + engine.config.max_queue_size
+
+    def start(self) -> "EngineRunner":
+        self._thread.start()
+        return self
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.engine.validate(prompt_ids, params)
+        with self._cv:
+            if self._stop:
+                raise QueueFull("the engine is shutting down")
+            if request_id in self._unfinished:
+                raise InvalidRequest(f"request id {request_id!r} is already in flight")
+            if len(self._unfinished) >= self.capacity:
+                raise QueueFull(f"{len(self._unfinished)} requests in flight; queue limit reached")
+            self._unfinished.add(request_id)
+            self._inbox.append(("add", request_id, prompt_ids, params))
+            self._cv.notify()
+
+    def abort(self, request_id: str) -> None:
+        with self._cv:
+            self._inbox.append(("abort", request_id))
+            self._cv.notify()
+
+    def num_unfinished(self) -> int:
+        with self._cv:
+            return len(self._unfinished)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Lets in-flight requests finish (up to `timeout`), then aborts the rest and stops the thread."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cv:
+                for rid in list(self._unfinished):
+                    self._inbox.append(("abort", rid))
+                self._inbox.append(("exit",))
+                self._cv.notify()
+            self._thread.join(5.0)
+
+    # ---- runner thread ---------------------------------------------------------------------------
+    def _emit(self, out: RequestOutput) -> None:
+        if out.finished:
+            with self._cv:
+                self._unfinished.discard(out.request_id)
+        try:
+            self.on_output(out)
+        except Exception:  # a broken callback must not kill the engine thread
+            log.exception("output callback failed for %s", out.request_id)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and not self.engine.has_work() and not self._stop:
+                    self._cv.wait()
+                cmds = list(self._inbox)
+                self._inbox.clear()
+                if self._stop and not cmds and not self.engine.has_work():
+                    return
+            for cmd in cmds:
+                if cmd[0] == "exit":
+                    return
+                self._apply(cmd)
+            if not self.engine.has_work():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # fail the running batch, keep serving
+                log.error("engine step failed: %s", traceback.format_exc())
+                outputs = [self._fail(rid, f"engine step failed: {e}") for rid in list(self.engine.requests)]
+            for out in outputs:
+                self._emit(out)
+
+    def _apply(self, cmd) -> None:
+        if cmd[0] == "add":
+            _, rid, prompt, params = cmd
+            try:
+                self.engine.add_request(rid, prompt, params)
+            except Exception as e:
+                self._emit(RequestOutput(rid, [], [], True, "error", error=str(e)))
+        elif cmd[0] == "abort":
+            out = self.engine.abort(cmd[1])
+            if out is not None:
+                self._emit(out)
+
+    def _fail(self, rid: str, msg: str) -> RequestOutput:
+        self.engine.abort(rid)
+        return RequestOutput(rid, [], [], True, "error", error=msg)
