@@ -1,0 +1,122 @@
+"""Sampling semantics inside one batch: seeds, stop / bad words, min_tokens, end_id, log-probs, aborts."""
+import math
+
+import pytest
+import torch
+
+from tritonllm.engine.config import EngineConfig
+from tritonllm.engine.engine import LLMEngine
+from tritonllm.engine.request import InvalidRequest, SamplingParams
+
+from engine_helpers import make_checkpoint, random_prompts, run_staggered
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("llama"), "llama")
+
+
+@pytest.fixture()
+def engine(ckpt):
+    eng = LLMEngine(ckpt, EngineConfig(block_size=4, max_kv_tokens=2048, max_num_tokens=64))
+    initial = eng.num_free_blocks
+    yield eng
+    assert eng.num_free_blocks == initial, "KV blocks leaked"
+
+
+def _solo(engine, prompt, params):
+    results, reasons = run_staggered(engine, [prompt], lambda i: params)
+    return results["0"], reasons["0"]
+
+
+def test_seeded_sampling_independent_of_batch(engine):
+    prompts = random_prompts(5, engine.spec.vocab_size, 4, 20, seed=3)
+    sampled = SamplingParams(max_tokens=10, temperature=0.9, top_k=50, top_p=0.95, seed=1234, end_id=-1)
+    alone, _ = _solo(engine, prompts[0], sampled)
+
+    def mixed(i):
+        if i == 0:
+            return sampled
+        return SamplingParams(max_tokens=8 + i, temperature=1.3, top_k=0, top_p=0.8, seed=i, end_id=-1)
+
+    results, _ = run_staggered(engine, prompts, mixed, arrive_every=1)
+    assert results["0"] == alone
+    other, _ = _solo(engine, prompts[0], SamplingParams(max_tokens=10, temperature=0.9, top_k=50,
+                                                        top_p=0.95, seed=99, end_id=-1))
+    assert other != alone  # a different seed takes another path (10 tokens from a flat-ish distribution)
+
+
+def test_stop_word_ends_and_is_cut(engine):
+    prompt = [5, 6, 7, 8]
+    full, _ = _solo(engine, prompt, SamplingParams(max_tokens=12, end_id=-1))
+    word = full[3:5]
+    out, reason = _solo(engine, prompt, SamplingParams(max_tokens=12, end_id=-1, stop_words=[word]))
+    assert reason == "stop"
+    first = next(i for i in range(len(full) - 1) if full[i:i + 2] == word)
+    assert out == full[:first]
+
+
+def test_end_id_and_min_tokens(engine):
+    prompt = [9, 10, 11]
+    full, _ = _solo(engine, prompt, SamplingParams(max_tokens=10, end_id=-1))
+    eos = full[2]
+    out, reason = _solo(engine, prompt, SamplingParams(max_tokens=10, end_id=eos))
+    assert reason == "stop" and out == full[:full.index(eos)]
+    out, _ = _solo(engine, prompt, SamplingParams(max_tokens=10, end_id=eos, min_tokens=6))
+    assert len(out) >= 6 and eos not in out[:6]
+
+
+def test_bad_words_are_never_generated(engine):
+    prompt = [12, 13, 14]
+    full, _ = _solo(engine, prompt, SamplingParams(max_tokens=8, end_id=-1))
+    out, _ = _solo(engine, prompt, SamplingParams(max_tokens=8, end_id=-1, bad_words=[[full[0]], [full[1]]]))
+    assert full[0] not in out and full[1] not in out
+
+
+def test_penalties_change_output_and_logprobs_are_consistent(engine):
+    prompt = [20, 21, 22, 20, 21, 22]
+    base, _ = _solo(engine, prompt, SamplingParams(max_tokens=16, end_id=-1))
+    pen, _ = _solo(engine, prompt, SamplingParams(max_tokens=16, end_id=-1, repetition_penalty=5.0,
+                                                  presence_penalty=2.0, frequency_penalty=2.0))
+    assert pen != base
+    assert len(set(pen)) >= len(set(base))
+    engine.add_request("lp", prompt, SamplingParams(max_tokens=5, end_id=-1, return_log_probs=True))
+    outs = []
+    while engine.has_work():
+        outs += engine.step()
+    lps = [lp for o in outs for lp in o.new_logprobs]
+    assert len(lps) == 5 and all(lp <= 0 for lp in lps)
+    assert math.isclose(outs[-1].cum_logprob, sum(lps), rel_tol=1e-5)
+
+
+def test_abort_frees_blocks(engine):
+    engine.add_request("x", list(range(3, 40)), SamplingParams(max_tokens=50, end_id=-1))
+    engine.step()
+    assert engine.num_free_blocks < engine.pool.num_blocks
+    out = engine.abort("x")
+    assert out.finished and out.finish_reason == "abort"
+    assert not engine.has_work()
+
+
+@pytest.mark.parametrize("prompt,params,needle", [
+    ([], SamplingParams(), "input_ids is empty"),
+    ([1, 100000], SamplingParams(), "outside the vocabulary"),
+    ([1, 2], SamplingParams(max_tokens=0), "request_output_len"),
+    ([1, 2], SamplingParams(max_tokens=10**6), "max_seq_len"),
+    ([1, 2], SamplingParams(temperature=float("nan")), "temperature"),
+    ([1, 2], SamplingParams(temperature=-1.0), "temperature"),
+    ([1, 2], SamplingParams(top_p=1.5), "runtime_top_p"),
+    ([1, 2], SamplingParams(top_k=-2), "runtime_top_k"),
+    ([1, 2], SamplingParams(stop_words=[[]]), "stop_words_list"),
+    ([1, 2], SamplingParams(bad_words=[[10**6]]), "bad_words_list"),
+])
+def test_invalid_requests_name_the_input(engine, prompt, params, needle):
+    with pytest.raises(InvalidRequest, match=needle):
+        engine.add_request("bad", prompt, params)
+    assert not engine.has_work()
+
+
+def test_kv_bytes_per_token(engine):
+    s = engine.spec
+    assert engine.kv_bytes_per_token == 2 * s.num_layers * s.num_kv_heads * s.head_dim * 4
+    assert engine.kv.k[0].dtype == torch.float32
