@@ -120,3 +120,36 @@ def test_kv_bytes_per_token(engine):
     s = engine.spec
     assert engine.kv_bytes_per_token == 2 * s.num_layers * s.num_kv_heads * s.head_dim * 4
     assert engine.kv.k[0].dtype == torch.float32
+
+
+def test_runner_queue_bound_and_shutdown(ckpt):
+    import threading
+
+    from tritonllm.engine.request import QueueFull
+    from tritonllm.engine.runner import EngineRunner
+
+    eng = LLMEngine(ckpt, EngineConfig(block_size=4, max_kv_tokens=2048, max_num_seqs=2, max_queue_size=2))
+    initial = eng.num_free_blocks
+    done = threading.Event()
+    finals = {}
+
+    def on_output(out):
+        if out.finished:
+            finals[out.request_id] = out.finish_reason
+            if len(finals) == 4:
+                done.set()
+
+    before = threading.active_count()
+    runner = EngineRunner(eng, on_output)  # not started: submissions pile up, the bound is exact
+    for i in range(4):
+        runner.submit(str(i), [3, 4, 5], SamplingParams(max_tokens=30, end_id=-1))
+    with pytest.raises(QueueFull):
+        runner.submit("over", [3, 4, 5], SamplingParams(max_tokens=3))
+    with pytest.raises(InvalidRequest):
+        runner.submit("bad", [3, 10**6], SamplingParams(max_tokens=3))
+    runner.start()
+    assert done.wait(60)
+    assert set(finals.values()) == {"length"}
+    runner.shutdown()
+    assert threading.active_count() == before
+    assert eng.num_free_blocks == initial
