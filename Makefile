@@ -1,0 +1,68 @@
+# Two commands: `make serve` (build everything, then tritonserver in the foreground) and `make test`.
+# Every target is idempotent: the virtualenv is reinstalled only when pyproject.toml changes (stamp
+# named by its hash), and each build step is cached by its own script.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+VENV_STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+
+# Empty = deployment.yaml's `server:` ports (8000 / 8001 / 8002). Override: make serve HTTP_PORT=9000
+HTTP_PORT ?=
+GRPC_PORT ?=
+METRICS_PORT ?=
+# Extra tritonserver arguments, e.g. make serve SERVE_ARGS="--model-config-name trtllm"
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: all serve build test venv configs check-configs clean distclean
+
+all: build
+
+venv: $(VENV_STAMP)
+
+# torch goes first and alone: its pinned CPU wheel lies on local disk, while a resolver left to pick
+# torch on its own can pull gigabytes of CUDA wheels. nvidia-pytriton is installed --no-deps: we only
+# need its tritonserver binary and Python backend, and its dependency pins clash with ours.
+$(VENV_STAMP): pyproject.toml
+	@echo "==> [venv] preparing $(VENV) (first run or pyproject.toml changed)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --progress-bar off "torch==2.13.0"
+	$(PY) -m pip install --progress-bar off --no-deps "nvidia-pytriton==0.7.0"
+	$(PY) -m pip install --progress-bar off -e ".[test]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+	@echo "==> [venv] ready"
+
+build: venv
+	@echo "==> [build] demo model, classical models, configs"
+	$(PY) build_scripts/build_all.py
+
+configs: venv
+	$(PY) build_scripts/render_configs.py
+
+check-configs: venv
+	$(PY) build_scripts/render_configs.py --check
+
+serve: build
+	@echo "==> [serve] tritonserver in the foreground (Ctrl-C stops)"
+	$(PY) -m tritonllm.serving.launcher \
+		$(if $(HTTP_PORT),--http-port $(HTTP_PORT)) \
+		$(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
+		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT)) \
+		$(if $(SERVE_ARGS),-- $(SERVE_ARGS))
+
+# pytest exits 5 when it collects no test; that is reported, not hidden, but it is not a failure here.
+test: build
+	@echo "==> [test] pytest tests $(PYTEST_ARGS)"
+	@set +e; $(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "==> [test] pytest collected no tests"; exit 0; fi; exit $$rc
+
+clean:
+	rm -rf build .pytest_cache
+	rm -f model_repository/*/1/model.onnx
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info backends/*.egg-info

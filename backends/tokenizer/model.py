@@ -1,0 +1,62 @@
+"""Triton Python-based backend ``tokenizer``: serves model ``preprocessing`` with NVIDIA's tensor
+contract (tensorrtllm_backend ``all_models/inflight_batcher_llm/preprocessing``): QUERY,
+REQUEST_OUTPUT_LEN, BAD_WORDS_DICT, STOP_WORDS_DICT, EMBEDDING_BIAS_*, END_ID, PAD_ID -> INPUT_ID,
+REQUEST_INPUT_LEN, BAD_WORDS_IDS, STOP_WORDS_IDS, EMBEDDING_BIAS, REQUEST_OUTPUT_LEN, OUT_END_ID,
+OUT_PAD_ID. All logic lives in ``tritonllm.text.preprocess``; this file moves tensors.
+
+Config parameters (string_value):
+- ``tokenizer_dir``: tokenizer directory; relative = relative to this model's directory.
+- ``add_special_tokens``: default true (plain prompts only; chat templates carry their own).
+- ``chat_template``: off | auto | on (or the boolean ``apply_chat_template``), see tokenizer.CHAT_MODES.
+- ``stop_words_in_context``: default true: also encode stop/bad words as they appear after a space
+  and glued to text (NVIDIA encodes the bare word only, which rarely matches generated ids).
+
+Invariants: one response per request, in order; a bad request gets an INVALID_ARG error naming the
+input and does not affect the other requests of the batch; unexpected failures are INTERNAL.
+"""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from tritonllm.paths import model_dir_from_args, resolve_param_path
+from tritonllm.text.preprocess import preprocess
+from tritonllm.text.tokenizer import TextTokenizer, chat_mode_from_params, parse_bool
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        tokenizer_dir = resolve_param_path(params.get("tokenizer_dir", ""), model_dir_from_args(args),
+                                           name="tokenizer_dir", must_exist=True)
+        self.tokenizer = TextTokenizer.from_dir(
+            str(tokenizer_dir),
+            add_special_tokens=parse_bool(params.get("add_special_tokens"), True),
+            chat_mode=chat_mode_from_params(params))
+        self.in_context = parse_bool(params.get("stop_words_in_context"), True)
+        self.input_names = [t["name"] for t in config.get("input", [])]
+        self.output_names = [t["name"] for t in config.get("output", [])]
+        pb_utils.Logger.log_info(
+            f"preprocessing: tokenizer {tokenizer_dir} (eos {self.tokenizer.eos_id}, pad {self.tokenizer.pad_id}, "
+            f"chat {self.tokenizer.chat_mode}, add_special_tokens {self.tokenizer.add_special_tokens})")
+
+    def execute(self, requests):
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        try:
+            inputs = {}
+            for name in self.input_names:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    inputs[name] = tensor.as_numpy()
+            arrays = preprocess(self.tokenizer, inputs, in_context_words=self.in_context)
+            return pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(n, arrays[n]) for n in self.output_names if n in arrays])
+        except ValueError as e:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        except Exception as e:  # keep the other requests of the batch alive
+            pb_utils.Logger.log_error(f"preprocessing failed: {e!r}")
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"preprocessing failed: {e}", pb_utils.TritonError.INTERNAL))

@@ -1,0 +1,234 @@
+"""Tensor contracts of the LLM pipeline: one source of truth for names, dtypes, dims and optional flags.
+
+The names, dtypes, dims, ``optional`` and ``reshape`` of ``tensorrt_llm``, ``preprocessing``,
+``postprocessing`` and of the client-facing ``ensemble`` / ``tensorrt_llm_bls`` are NVIDIA's
+(TensorRT-LLM ``triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt``), so NVIDIA's clients,
+genai-perf ``--backend tensorrtllm`` and the GPU profile (``backend: "tensorrtllm"``) work unchanged.
+
+Invariants:
+- Only the decoder-only text subset is declared. Left out on purpose (encoder-decoder, multimodal,
+  p-tuning, disaggregated serving, KV retention, lookahead, draft logits): encoder_input_features,
+  encoder_output_lengths, decoder_input_ids/_lengths, draft_logits, draft_acceptance_threshold,
+  prompt_embedding_table, prompt_table_extra_ids, prompt_vocab_size, cross_attention_mask, mrope_*,
+  context_phase_params, skip_cross_attn_blocks, retention_*, lookahead_*; and on the text side
+  decoder_text_input / DECODER_QUERY, IMAGE_*, VIDEO_*, PROMPT_TABLE_EXTRA_ID.
+- ``${logits_datatype}`` in NVIDIA's templates is rendered as TYPE_FP32 (their default).
+- Dims exclude the batch dimension: every model here has ``max_batch_size > 0``.
+- ``reshape=()`` marks NVIDIA's ``reshape: { shape: [ ] }``: with it a batched scalar reaches the Python
+  backend with shape ``[batch]``, without it ``[batch, 1]``. Adapters read scalars with
+  ``array.reshape(-1)[0]`` so both work.
+- Triton ensembles (2.51) tolerate a step leaving an output unproduced: a downstream *optional* input fed
+  from it is simply absent, and an ensemble output fed from it is omitted from the response.
+
+Library code: no Triton import. Dtypes are Triton config enum names (``TYPE_INT32``...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str  # Triton config enum name, e.g. "TYPE_INT32"
+    dims: tuple[int, ...]
+    optional: bool = False
+    reshape: tuple[int, ...] | None = None  # () = NVIDIA's `reshape: { shape: [ ] }`
+    ragged: bool = False  # allow_ragged_batch
+
+
+def _scalars(dtype: str, names: str, *, reshape=(), optional=True) -> list[Tensor]:
+    return [Tensor(n, dtype, (1,), optional, reshape) for n in names.split()]
+
+
+# Model names (the ensemble's steps and the BLS's targets).
+PREPROCESSING = "preprocessing"
+TENSORRT_LLM = "tensorrt_llm"
+POSTPROCESSING = "postprocessing"
+ENSEMBLE = "ensemble"
+BLS = "tensorrt_llm_bls"
+
+# --------------------------------------------------------------------------- tensorrt_llm
+# input_ids is optional in NVIDIA's current config only because encoder-decoder models send
+# encoder_input_features instead; the decoder-only engine answers INVALID_ARG when it is missing.
+TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
+    Tensor("input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
+    Tensor("input_lengths", "TYPE_INT32", (1,), reshape=()),
+    Tensor("request_output_len", "TYPE_INT32", (1,), reshape=()),
+    *_scalars("TYPE_INT32", "num_return_sequences"),
+    Tensor("draft_input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
+    *_scalars("TYPE_INT32", "end_id pad_id"),
+    Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
+    Tensor("bad_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
+    Tensor("embedding_bias", "TYPE_FP32", (-1,), optional=True, ragged=True),
+    *_scalars("TYPE_INT32", "beam_width"),
+    *_scalars("TYPE_FP32", "temperature"),
+    *_scalars("TYPE_INT32", "runtime_top_k"),
+    *_scalars("TYPE_FP32", "runtime_top_p runtime_top_p_min runtime_top_p_decay"),
+    *_scalars("TYPE_INT32", "runtime_top_p_reset_ids"),
+    *_scalars("TYPE_FP32", "len_penalty"),
+    *_scalars("TYPE_BOOL", "early_stopping"),
+    *_scalars("TYPE_FP32", "repetition_penalty"),
+    *_scalars("TYPE_INT32", "min_tokens"),
+    *_scalars("TYPE_FP32", "beam_search_diversity_rate presence_penalty frequency_penalty"),
+    *_scalars("TYPE_UINT64", "seed"),
+    *_scalars("TYPE_BOOL", "return_log_probs return_context_logits return_generation_logits "
+                           "return_perf_metrics return_num_input_tokens return_num_output_tokens "
+                           "exclude_input_in_output stop streaming"),
+    *_scalars("TYPE_UINT64", "lora_task_id"),
+    Tensor("lora_weights", "TYPE_FP16", (-1, -1), optional=True, ragged=True),
+    Tensor("lora_config", "TYPE_INT32", (-1, 3), optional=True, ragged=True),
+    Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
+    Tensor("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
+)
+
+# Per-request statistics NVIDIA's backend returns as [1]-shaped outputs (ensemble passes them through).
+_STAT_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("batch_index", "TYPE_INT32", (1,)),
+    Tensor("sequence_index", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("num_input_tokens", "TYPE_INT32", (1,)),
+    Tensor("num_output_tokens", "TYPE_INT32", (1,)),
+)
+
+# Outputs the ensemble forwards unchanged from tensorrt_llm to the client.
+_PASSTHROUGH_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("cum_log_probs", "TYPE_FP32", (-1,)),
+    Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
+    Tensor("context_logits", "TYPE_FP32", (-1, -1)),
+    Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),
+    *_STAT_OUTPUTS,
+)
+
+# output_ids: [beam, tokens]; sequence_length: [beam]. In streaming mode each response carries the new
+# tokens only; otherwise all generated tokens (plus the prompt unless exclude_input_in_output).
+TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("output_ids", "TYPE_INT32", (-1, -1)),
+    Tensor("sequence_length", "TYPE_INT32", (-1,)),
+    *_PASSTHROUGH_OUTPUTS,
+)
+
+# --------------------------------------------------------------------------- preprocessing (tokenizer)
+PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
+    Tensor("QUERY", "TYPE_STRING", (1,)),
+    Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
+    Tensor("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+    Tensor("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+    Tensor("EMBEDDING_BIAS_WORDS", "TYPE_STRING", (-1,), optional=True),
+    Tensor("EMBEDDING_BIAS_WEIGHTS", "TYPE_FP32", (-1,), optional=True),
+    Tensor("END_ID", "TYPE_INT32", (1,), optional=True),
+    Tensor("PAD_ID", "TYPE_INT32", (1,), optional=True),
+)
+PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("INPUT_ID", "TYPE_INT32", (-1,)),
+    Tensor("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)),
+    Tensor("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    Tensor("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    Tensor("EMBEDDING_BIAS", "TYPE_FP32", (-1,)),
+    Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (-1,)),
+    Tensor("OUT_END_ID", "TYPE_INT32", (1,)),
+    Tensor("OUT_PAD_ID", "TYPE_INT32", (1,)),
+)
+
+# --------------------------------------------------------------------------- postprocessing (detokenizer)
+POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
+    Tensor("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
+    Tensor("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
+)
+POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("OUTPUT", "TYPE_STRING", (-1,)),
+)
+
+# --------------------------------------------------------------------------- ensemble / BLS (client-facing)
+TEXT_INPUTS: tuple[Tensor, ...] = (
+    Tensor("text_input", "TYPE_STRING", (1,)),
+    Tensor("max_tokens", "TYPE_INT32", (1,)),
+    Tensor("num_return_sequences", "TYPE_INT32", (1,), optional=True),
+    Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
+    Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),
+    *_scalars("TYPE_BOOL", "exclude_input_in_output", reshape=None),
+    *_scalars("TYPE_INT32", "end_id pad_id top_k", reshape=None),
+    *_scalars("TYPE_FP32", "top_p temperature length_penalty repetition_penalty", reshape=None),
+    *_scalars("TYPE_INT32", "min_tokens", reshape=None),
+    *_scalars("TYPE_FP32", "presence_penalty frequency_penalty", reshape=None),
+    *_scalars("TYPE_UINT64", "seed", reshape=None),
+    *_scalars("TYPE_BOOL", "return_log_probs return_context_logits return_generation_logits "
+                           "return_perf_metrics return_num_input_tokens return_num_output_tokens",
+              reshape=None),
+    *_scalars("TYPE_INT32", "beam_width", reshape=None),
+    *_scalars("TYPE_BOOL", "stream", reshape=None),
+    Tensor("embedding_bias_words", "TYPE_STRING", (-1,), optional=True),
+    Tensor("embedding_bias_weights", "TYPE_FP32", (-1,), optional=True),
+    *_scalars("TYPE_UINT64", "lora_task_id", reshape=None),
+    Tensor("lora_weights", "TYPE_FP16", (-1, -1), optional=True, ragged=True),
+    Tensor("lora_config", "TYPE_INT32", (-1, 3), optional=True, ragged=True),
+    Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
+    Tensor("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
+)
+TEXT_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", "TYPE_STRING", (-1,)),
+    *_PASSTHROUGH_OUTPUTS,
+)
+
+# --------------------------------------------------------------------------- ensemble wiring (NVIDIA's)
+# Internal tensors carry NVIDIA's names (leading underscore) so their ensemble reads the same.
+ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = (
+    (PREPROCESSING,
+     {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
+      "STOP_WORDS_DICT": "stop_words", "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
+      "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights", "END_ID": "end_id", "PAD_ID": "pad_id"},
+     {"REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "INPUT_ID": "_INPUT_ID",
+      "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+      "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "EMBEDDING_BIAS": "_EMBEDDING_BIAS",
+      "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"}),
+    (TENSORRT_LLM,
+     {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
+      "exclude_input_in_output": "exclude_input_in_output", "request_output_len": "_REQUEST_OUTPUT_LEN",
+      "end_id": "_PREPROCESSOR_END_ID", "pad_id": "_PREPROCESSOR_PAD_ID", "embedding_bias": "_EMBEDDING_BIAS",
+      "runtime_top_k": "top_k", "runtime_top_p": "top_p", "temperature": "temperature",
+      "len_penalty": "length_penalty", "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens",
+      "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed",
+      "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
+      "return_generation_logits": "return_generation_logits", "return_perf_metrics": "return_perf_metrics",
+      "return_num_input_tokens": "return_num_input_tokens",
+      "return_num_output_tokens": "return_num_output_tokens", "num_return_sequences": "num_return_sequences",
+      "beam_width": "beam_width", "streaming": "stream", "stop_words_list": "_STOP_WORDS_IDS",
+      "bad_words_list": "_BAD_WORDS_IDS", "lora_task_id": "lora_task_id", "lora_weights": "lora_weights",
+      "lora_config": "lora_config", "guided_decoding_guide_type": "guided_decoding_guide_type",
+      "guided_decoding_guide": "guided_decoding_guide"},
+     {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH",
+      **{t.name: t.name for t in _PASSTHROUGH_OUTPUTS}}),
+    (POSTPROCESSING,
+     {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+     {"OUTPUT": "text_output"}),
+)
+
+# Which tensors each model of the pipeline declares, by model name.
+MODEL_TENSORS: dict[str, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {
+    PREPROCESSING: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
+    TENSORRT_LLM: (TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS),
+    POSTPROCESSING: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
+    ENSEMBLE: (TEXT_INPUTS, TEXT_OUTPUTS),
+    BLS: (TEXT_INPUTS, TEXT_OUTPUTS),
+}
+
+
+def by_name(tensors: tuple[Tensor, ...]) -> dict[str, Tensor]:
+    return {t.name: t for t in tensors}
+
+
+def numpy_dtype(dtype: str) -> str:
+    """Triton config enum -> numpy dtype name (TYPE_STRING -> object, as the Python backend uses)."""
+    return {
+        "TYPE_BOOL": "bool", "TYPE_UINT8": "uint8", "TYPE_INT32": "int32", "TYPE_INT64": "int64",
+        "TYPE_UINT64": "uint64", "TYPE_FP16": "float16", "TYPE_FP32": "float32", "TYPE_STRING": "object",
+    }[dtype]

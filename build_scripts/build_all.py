@@ -1,0 +1,66 @@
+"""Build everything the repository serves, in order, with progress; quick when nothing changed.
+
+Steps (each one is cached by its own script, so a second run only checks stamps):
+  1. the demo LLM checkpoint  build_scripts/build_demo_model.py --out build/models/demo
+     (skipped when deployment.yaml points the LLM at another checkpoint)
+  2. the classical models     build_scripts/build_classical.py   (when present)
+  3. the LLM configs          build_scripts/render_configs.py    (deployment.yaml -> config.pbtxt)
+
+Invariant: each step runs as its own process with this interpreter, its output streamed as it comes;
+the first failing step stops the build with its exit code and names the step.
+Usage: python build_scripts/build_all.py [--skip-demo] [--skip-classical]
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "build_scripts"
+DEMO_DIR = Path("build/models/demo")
+
+
+def _uses_demo_model() -> bool:
+    with open(REPO / "deployment.yaml") as f:
+        llm = (yaml.safe_load(f) or {}).get("llm") or {}
+    demo = (REPO / DEMO_DIR).resolve()
+    return any((REPO / str(llm.get(k, ""))).resolve() == demo for k in ("gpt_model_path", "tokenizer_dir"))
+
+
+def _run(index: int, total: int, title: str, argv: list[str]) -> None:
+    print(f"[{index}/{total}] {title}: {' '.join(argv)}", flush=True)
+    start = time.monotonic()
+    code = subprocess.call([sys.executable, *argv], cwd=REPO)
+    if code != 0:
+        print(f"[{index}/{total}] {title}: FAILED (exit {code})", file=sys.stderr, flush=True)
+        raise SystemExit(code)
+    print(f"[{index}/{total}] {title}: done in {time.monotonic() - start:.1f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--skip-demo", action="store_true", help="do not build the demo LLM")
+    parser.add_argument("--skip-classical", action="store_true", help="do not build the classical models")
+    args = parser.parse_args(argv)
+
+    steps: list[tuple[str, list[str]]] = []
+    if not args.skip_demo and _uses_demo_model():
+        steps.append(("demo LLM", ["build_scripts/build_demo_model.py", "--out", str(DEMO_DIR)]))
+    if not args.skip_classical and (SCRIPTS / "build_classical.py").exists():
+        steps.append(("classical models", ["build_scripts/build_classical.py"]))
+    steps.append(("LLM configs", ["build_scripts/render_configs.py"]))
+
+    start = time.monotonic()
+    for i, (title, step_argv) in enumerate(steps, 1):
+        _run(i, len(steps), title, step_argv)
+    print(f"build: all {len(steps)} steps done in {time.monotonic() - start:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

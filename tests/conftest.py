@@ -1,0 +1,71 @@
+"""Shared pytest fixtures: a real tritonserver over this repository, and the `slow` marker.
+
+- ``triton_server`` (session): runs build_scripts/build_all.py once, starts the real ``tritonserver``
+  through ``tritonllm.serving.launcher`` on free ports with ``model_repository`` + ``ensembles``, waits
+  for ``/v2/health/ready`` (300 s) and yields the ``TritonServer`` (``http_url``, ``grpc_url``,
+  ``metrics_url`` as "localhost:PORT", ``log_path``). A failed start fails the test with the names of the
+  models that did not load and the log tail. Torn down (drained) at the end of the session.
+- ``@pytest.mark.slow`` tests are skipped unless ``--run-slow`` is given.
+No mocks: the fixture is the server the README tells people to run.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "backends") not in sys.path:  # works without `pip install -e .` too
+    sys.path.insert(0, str(ROOT / "backends"))
+
+from tritonllm.serving.launcher import ServerStartError, TritonServer, find_free_ports  # noqa: E402
+
+READY_TIMEOUT_S = 300
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long-running test, skipped unless --run-slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --run-slow to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def built_repository() -> Path:
+    """Everything the repository serves is built (demo LLM, classical models, rendered configs)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "build_scripts" / "build_all.py")], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"build_scripts/build_all.py failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}",
+                    pytrace=False)
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def triton_server(built_repository):
+    http_port, grpc_port, metrics_port = find_free_ports(3)
+    server = TritonServer(
+        http_port, grpc_port, metrics_port,
+        log_path=ROOT / "build" / "logs" / f"pytest-tritonserver-{http_port}.log",
+        exit_timeout_s=5,  # the session is over: don't wait long on idle client connections
+    )
+    try:
+        server.start(timeout=READY_TIMEOUT_S)
+    except ServerStartError as e:
+        pytest.fail(f"tritonserver did not start (log: {server.log_path}):\n{e}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()

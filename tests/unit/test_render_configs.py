@@ -1,0 +1,202 @@
+"""deployment.yaml -> config.pbtxt: parses, matches NVIDIA's contract, cross-checks catch broken wiring."""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "build_scripts"))
+sys.path.insert(0, str(ROOT / "backends"))
+
+import render_configs as rc  # noqa: E402
+from config_checks import check_pipeline  # noqa: E402
+from tritonllm import contract as C  # noqa: E402
+from tritonllm.paths import resolve_param_path  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def deployment() -> dict:
+    return rc.load_deployment(ROOT / "deployment.yaml")
+
+
+@pytest.fixture()
+def configs(deployment) -> dict[str, mc.ModelConfig]:
+    return rc.render_default(deployment, ROOT)
+
+
+def test_every_rendered_file_parses_back_to_the_same_config(deployment):
+    files = rc.render_files(deployment, ROOT)
+    configs = rc.render_default(deployment, ROOT)
+    pbtxt = {p: t for p, t in files.items() if p.endswith(".pbtxt")}
+    assert len(pbtxt) == len(rc.MODEL_DIRS)
+    for name, model_dir in rc.MODEL_DIRS.items():
+        parsed = text_format.Parse(pbtxt[f"{model_dir}/config.pbtxt"], mc.ModelConfig())
+        assert parsed == configs[name]
+        assert parsed.name == name
+        assert f"{model_dir}/1/.gitkeep" in files  # Triton needs a version folder
+
+
+def test_committed_configs_are_current():
+    assert rc.main(["--check"]) == 0
+
+
+def test_check_detects_drift_and_rendering_fixes_it(tmp_path):
+    assert rc.main(["--repo", str(tmp_path)]) == 0
+    assert rc.main(["--repo", str(tmp_path), "--check"]) == 0
+    target = tmp_path / "model_repository/tensorrt_llm/config.pbtxt"
+    target.write_text(target.read_text().replace("max_batch_size: 16", "max_batch_size: 4"))
+    assert rc.main(["--repo", str(tmp_path), "--check"]) == 1
+    assert rc.main(["--repo", str(tmp_path)]) == 0
+    assert rc.main(["--repo", str(tmp_path), "--check"]) == 0
+
+
+def test_rendered_pipeline_passes_cross_checks(configs):
+    assert check_pipeline(configs) == []
+
+
+def test_tensorrt_llm_keeps_nvidia_contract(configs):
+    cfg = configs[C.TENSORRT_LLM]
+    assert cfg.backend == "torchllm" and cfg.model_transaction_policy.decoupled and cfg.max_batch_size > 0
+    inputs = {t.name: t for t in cfg.input}
+    outputs = {t.name: t for t in cfg.output}
+
+    def spec(t):
+        return mc.DataType.Name(t.data_type), list(t.dims), t.optional, t.HasField("reshape")
+
+    assert spec(inputs["input_lengths"]) == ("TYPE_INT32", [1], False, True)
+    assert spec(inputs["request_output_len"]) == ("TYPE_INT32", [1], False, True)
+    assert spec(inputs["stop_words_list"]) == ("TYPE_INT32", [2, -1], True, False)
+    assert spec(inputs["streaming"]) == ("TYPE_BOOL", [1], True, True)
+    assert spec(inputs["seed"]) == ("TYPE_UINT64", [1], True, True)
+    assert spec(inputs["runtime_top_p"]) == ("TYPE_FP32", [1], True, True)
+    assert inputs["input_ids"].allow_ragged_batch
+    assert (mc.DataType.Name(outputs["output_ids"].data_type), list(outputs["output_ids"].dims)) == ("TYPE_INT32", [-1, -1])
+    assert list(outputs["sequence_length"].dims) == [-1]
+
+
+def test_engine_parameters_come_from_deployment_with_paths_relative_to_the_model(configs, deployment):
+    params = {k: v.string_value for k, v in configs[C.TENSORRT_LLM].parameters.items()}
+    yaml_params = deployment["models"]["tensorrt_llm"]["parameters"]
+    for key, value in yaml_params.items():
+        assert params[key] == rc.param_str(value)
+    model_dir = ROOT / rc.MODEL_DIRS[C.TENSORRT_LLM]
+    assert not Path(params["gpt_model_path"]).is_absolute()
+    assert resolve_param_path(params["gpt_model_path"], model_dir, confine=ROOT) == (
+        ROOT / deployment["llm"]["gpt_model_path"]).resolve()
+    for name in (C.PREPROCESSING, C.POSTPROCESSING, C.BLS):
+        tok = configs[name].parameters["tokenizer_dir"].string_value
+        assert resolve_param_path(tok, ROOT / rc.MODEL_DIRS[name]) == (ROOT / deployment["llm"]["tokenizer_dir"]).resolve()
+
+
+def test_ensemble_wiring_is_nvidias(configs):
+    ens = configs[C.ENSEMBLE]
+    assert ens.platform == "ensemble"
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == [C.PREPROCESSING, C.TENSORRT_LLM, C.POSTPROCESSING]
+    llm_step = ens.ensemble_scheduling.step[1]
+    assert llm_step.input_map["streaming"] == "stream"
+    assert llm_step.input_map["runtime_top_k"] == "top_k"
+    assert ens.ensemble_scheduling.step[2].output_map["OUTPUT"] == "text_output"
+    names = {t.name for t in ens.input}
+    assert {"text_input", "max_tokens", "stream", "temperature", "top_k", "top_p", "stop_words", "bad_words",
+            "end_id", "pad_id"} <= names
+    assert {t.name for t in ens.input} == {t.name for t in configs[C.BLS].input}
+
+
+def _errors_after(configs, mutate) -> list[str]:
+    broken = copy.deepcopy(configs)
+    mutate(broken)
+    return check_pipeline(broken)
+
+
+def test_cross_check_catches_dtype_mismatch(configs):
+    def mutate(c):
+        c[C.ENSEMBLE].ensemble_scheduling.step[1].input_map["runtime_top_k"] = "temperature"  # FP32 -> INT32
+    errors = _errors_after(configs, mutate)
+    assert any("dtype mismatch" in e and "runtime_top_k" in e for e in errors), errors
+
+
+def test_cross_check_catches_unknown_tensor_and_unmapped_required_input(configs):
+    def mutate(c):
+        step = c[C.ENSEMBLE].ensemble_scheduling.step[1]
+        step.input_map["not_an_input"] = "top_k"
+        del step.input_map["input_lengths"]
+        step.input_map["request_output_len"] = "_NEVER_PRODUCED"
+    errors = _errors_after(configs, mutate)
+    assert any("'not_an_input' is not an input of tensorrt_llm" in e for e in errors), errors
+    assert any("required input 'input_lengths'" in e for e in errors), errors
+    assert any("'_NEVER_PRODUCED'" in e for e in errors), errors
+
+
+def test_cross_check_catches_streaming_without_decoupled(configs):
+    def mutate(c):
+        c[C.TENSORRT_LLM].model_transaction_policy.decoupled = False
+    errors = _errors_after(configs, mutate)
+    assert any(e.startswith("tensorrt_llm:") and "not decoupled" in e for e in errors), errors
+    assert any(e.startswith("ensemble:") and "no decoupled step" in e for e in errors), errors
+
+
+def test_cross_check_catches_batch_size_and_placeholder(configs):
+    def mutate(c):
+        c[C.ENSEMBLE].max_batch_size = c[C.TENSORRT_LLM].max_batch_size + 1
+        c[C.PREPROCESSING].parameters["tokenizer_dir"].string_value = "${tokenizer_dir}"
+    errors = _errors_after(configs, mutate)
+    assert any("exceeds the step's" in e for e in errors), errors
+    assert any(e.startswith("preprocessing:") and "placeholder" in e for e in errors), errors
+
+
+def test_render_refuses_a_broken_pipeline(deployment, monkeypatch):
+    # A contract edit that breaks the wiring must stop the renderer before it writes anything.
+    steps = list(C.ENSEMBLE_STEPS)
+    name, inp, out = steps[2]
+    steps[2] = (name, {**inp, "TOKENS_BATCH": "_SEQUENCE_LENGTH"}, out)  # rank 1 into rank 2
+    monkeypatch.setattr(C, "ENSEMBLE_STEPS", tuple(steps))
+    with pytest.raises(rc.DeploymentError, match="dims mismatch"):
+        rc.render_files(deployment, ROOT)
+
+
+@pytest.mark.parametrize("key, value, word", [
+    ("engine_device", "tpu", "allowed"),
+    ("max_num_tokens", 0, "positive"),
+    ("kv_cache_free_gpu_mem_fraction", 1.5, "(0, 1]"),
+])
+def test_deployment_values_are_validated(deployment, key, value, word):
+    bad = copy.deepcopy(deployment)
+    bad["models"]["tensorrt_llm"]["parameters"][key] = value
+    with pytest.raises(rc.DeploymentError, match=key) as err:
+        rc.validate(bad)
+    assert word in str(err.value)
+
+
+def test_unknown_profile_is_refused(deployment):
+    bad = copy.deepcopy(deployment)
+    bad["profiles"] = {"no_such_profile": {}}
+    with pytest.raises(rc.DeploymentError, match="no_such_profile"):
+        rc.validate(bad)
+
+
+def test_profile_hook_writes_configs_folder_and_is_cross_checked(deployment, tmp_path, monkeypatch):
+    (tmp_path / "gpu.py").write_text(
+        "import copy\n"
+        "def render(deployment, settings, repo):\n"
+        "    import render_configs as rc\n"
+        "    cfg = rc.render_default(deployment, repo)['tensorrt_llm']\n"
+        "    cfg.backend = settings['backend']\n"
+        "    if settings.get('break_streaming'):\n"
+        "        cfg.model_transaction_policy.decoupled = False\n"
+        "    return {'tensorrt_llm': cfg}\n")
+    monkeypatch.setattr(rc, "PROFILES", rc.discover_profiles(tmp_path))
+    with_profile = copy.deepcopy(deployment)
+    with_profile["profiles"] = {"gpu": {"backend": "tensorrtllm"}}
+    rc.validate(with_profile)
+    files = rc.render_files(with_profile, ROOT)
+    gpu = text_format.Parse(files["model_repository/tensorrt_llm/configs/gpu.pbtxt"], mc.ModelConfig())
+    assert gpu.backend == "tensorrtllm"
+    assert not any(p.startswith("model_repository/preprocessing/configs/") for p in files)
+    with_profile["profiles"]["gpu"]["break_streaming"] = True
+    with pytest.raises(rc.DeploymentError, match="cross-check failed for 'gpu'"):
+        rc.render_files(with_profile, ROOT)
