@@ -140,19 +140,20 @@ class TritonPythonModel:
                 s.sender.send(flags=FINAL)
             return
         if s.streaming:
-            if out.new_token_ids:
+            # A finished stream always ends with a data response (possibly of 0 tokens) carrying
+            # is_final, so a stateful postprocessing step learns that the sequence ended.
+            if out.new_token_ids or out.finished:
                 arrays = response_arrays(out.new_token_ids, out.new_logprobs, out.cum_logprob,
-                                         out.num_prompt_tokens, out.num_output_tokens)
+                                         out.num_prompt_tokens, out.num_output_tokens,
+                                         int(out.request_id), out.finished)
                 s.sender.send(self._response(arrays), flags=FINAL if out.finished else 0)
-            elif out.finished:
-                s.sender.send(flags=FINAL)
             return
         s.tokens.extend(out.new_token_ids)
         s.logprobs.extend(out.new_logprobs)
         if out.finished:
             ids = s.tokens if s.exclude_input else s.prompt + s.tokens
             arrays = response_arrays(ids, s.logprobs, out.cum_logprob, out.num_prompt_tokens,
-                                     out.num_output_tokens)
+                                     out.num_output_tokens, int(out.request_id), True)
             s.sender.send(self._response(arrays), flags=FINAL)
 
     def _watch_cancellations(self):

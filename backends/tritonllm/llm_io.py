@@ -118,8 +118,13 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
 
 
 def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: float,
-                    num_input: int, num_output: int) -> dict[str, np.ndarray]:
-    """Arrays of one response: batch 1, beam 1 (output_ids [1, 1, N], sequence_length [1, 1], ...)."""
+                    num_input: int, num_output: int, request_key: int = 0,
+                    is_final: bool = True) -> dict[str, np.ndarray]:
+    """Arrays of one response: batch 1, beam 1 (output_ids [1, 1, N], sequence_length [1, 1], ...).
+
+    `request_key` (unique per engine request) and `is_final` are not NVIDIA outputs: wired to the
+    postprocessing model's REQUEST_KEY / IS_FINAL they make ensemble streaming exact without relying on
+    client request ids."""
     n = len(token_ids)
     return {
         "output_ids": np.asarray(token_ids, dtype=np.int32).reshape(1, 1, n),
@@ -131,6 +136,8 @@ def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: fl
         "batch_index": np.asarray([[0]], dtype=np.int32),
         "num_input_tokens": np.asarray([[num_input]], dtype=np.int32),
         "num_output_tokens": np.asarray([[num_output]], dtype=np.int32),
+        "request_key": np.asarray([[request_key]], dtype=np.uint64),
+        "is_final": np.asarray([[is_final]], dtype=np.bool_),
     }
 
 
