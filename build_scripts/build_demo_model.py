@@ -21,10 +21,10 @@ Usage: python build_scripts/build_demo_model.py --out build/models/demo [--steps
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -236,26 +236,35 @@ def build_demo_model(out_dir=DEFAULT_OUT, *, force: bool = False, **overrides) -
     """Build (or reuse) the checkpoint at out_dir; returns out_dir. overrides: BuildArgs fields."""
     a = BuildArgs(**overrides)
     out = Path(out_dir).resolve()
+    stamp = _stamp_for(a)  # taken before building: edits made meanwhile must not pass as built
     if not force and is_up_to_date(out, a):
         print(f"{out}: up to date")
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        report = _build_into(tmp, a)
-        report["sample"] = {"prompt": "The", "greedy": sample(tmp)}
-        _write_json(tmp / "build_report.json", {**report, "args": asdict(a)})
-        (tmp / STAMP).write_text(_stamp_for(a) + "\n")
-        # Two renames: the old checkpoint stays whole until the new one is complete.
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        if out.exists():
-            out.rename(old)
-        for path in [tmp, *tmp.iterdir()]:  # mkdtemp (and safetensors) create owner-only modes
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    # A concurrent builder of the same output waits here, then finds the stamp matching.
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and is_up_to_date(out, a):
+            print(f"{out}: up to date")
+            return out
+        for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed build (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            report = _build_into(tmp, a)
+            report["sample"] = {"prompt": "The", "greedy": sample(tmp)}
+            _write_json(tmp / "build_report.json", {**report, "args": asdict(a)})
+            (tmp / STAMP).write_text(stamp + "\n")
+            for path in [tmp, *tmp.iterdir()]:  # mkdtemp (and safetensors) create owner-only modes
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            # Two renames: the old checkpoint stays whole until the new one is complete.
+            old = out.with_name(f".{out.name}.tmp-old")
+            if out.exists():
+                out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     _log(json.dumps(report, indent=2, ensure_ascii=False))
     return out
 

@@ -145,12 +145,16 @@ def python_model(name: str, spec: dict, llm: dict, repo: Path) -> mc.ModelConfig
     return cfg
 
 
-def ensemble_model(llm: dict) -> mc.ModelConfig:
+def ensemble_model(llm: dict, steps=None) -> mc.ModelConfig:
+    """The ensemble over ``steps`` (default ``contract.ENSEMBLE_STEPS``, which wires our engine's
+    request_key / is_final into postprocessing). A GPU profile serving NVIDIA's tensorrtllm backend, which
+    emits neither, passes ``steps=C.ensemble_steps(engine_stream_keys=False)`` (and declares
+    ``C.NVIDIA_TENSORRT_LLM_OUTPUTS`` on tensorrt_llm); postprocessing then keys by request id."""
     inputs, outputs = C.MODEL_TENSORS[C.ENSEMBLE]
     cfg = mc.ModelConfig(name=C.ENSEMBLE, platform="ensemble", max_batch_size=int(llm["max_batch_size"]))
     cfg.input.extend(tensor_msg(t, mc.ModelInput) for t in inputs)
     cfg.output.extend(tensor_msg(t, mc.ModelOutput) for t in outputs)
-    for model_name, input_map, output_map in C.ENSEMBLE_STEPS:
+    for model_name, input_map, output_map in (C.ENSEMBLE_STEPS if steps is None else steps):
         step = cfg.ensemble_scheduling.step.add(model_name=model_name, model_version=-1)
         step.input_map.update(input_map)
         step.output_map.update(output_map)
@@ -254,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         files = render_files(load_deployment(args.deployment), args.repo.resolve())
-    except DeploymentError as e:
+    except (DeploymentError, ValueError) as e:  # profiles raise ValueError subclasses
         print(f"render_configs: {e}", file=sys.stderr)
         return 2
     if args.check:

@@ -111,11 +111,24 @@ _PASSTHROUGH_OUTPUTS: tuple[Tensor, ...] = (
 
 # output_ids: [beam, tokens]; sequence_length: [beam]. In streaming mode each response carries the new
 # tokens only; otherwise all generated tokens (plus the prompt unless exclude_input_in_output).
-TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (
+NVIDIA_TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("output_ids", "TYPE_INT32", (-1, -1)),
     Tensor("sequence_length", "TYPE_INT32", (-1,)),
     *_PASSTHROUGH_OUTPUTS,
 )
+
+# Not NVIDIA's: our engine (backend torchllm) also emits, on every response, a key unique to the engine
+# request and whether this response is the sequence's last (a finished stream always ends with a data
+# response carrying is_final=true, possibly of 0 tokens). Wired into postprocessing's REQUEST_KEY /
+# IS_FINAL they make ensemble streaming exact without relying on client request ids. NVIDIA's tensorrtllm
+# backend emits neither: a GPU profile must declare NVIDIA_TENSORRT_LLM_OUTPUTS and render the ensemble
+# with ensemble_steps(engine_stream_keys=False); postprocessing then keys its state by request id.
+ENGINE_STREAM_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("request_key", "TYPE_UINT64", (1,)),
+    Tensor("is_final", "TYPE_BOOL", (1,)),
+)
+
+TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS)
 
 # --------------------------------------------------------------------------- preprocessing (tokenizer)
 PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
@@ -143,6 +156,9 @@ PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
 POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
     Tensor("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
+    # Not NVIDIA's (see ENGINE_STREAM_OUTPUTS): optional, so NVIDIA's wiring without them still loads.
+    Tensor("REQUEST_KEY", "TYPE_UINT64", (1,), optional=True),
+    Tensor("IS_FINAL", "TYPE_BOOL", (1,), optional=True),
 )
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("OUTPUT", "TYPE_STRING", (-1,)),
@@ -181,7 +197,8 @@ TEXT_OUTPUTS: tuple[Tensor, ...] = (
 
 # --------------------------------------------------------------------------- ensemble wiring (NVIDIA's)
 # Internal tensors carry NVIDIA's names (leading underscore) so their ensemble reads the same.
-ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = (
+# NVIDIA_ENSEMBLE_STEPS is their wiring; ENSEMBLE_STEPS adds the engine's stream keys (see below).
+NVIDIA_ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = (
     (PREPROCESSING,
      {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
       "STOP_WORDS_DICT": "stop_words", "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
@@ -211,6 +228,32 @@ ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = (
      {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
      {"OUTPUT": "text_output"}),
 )
+
+# tensorrt_llm output -> internal tensor -> postprocessing input, for the non-NVIDIA stream keys.
+STREAM_KEY_WIRING: tuple[tuple[str, str, str], ...] = (
+    ("request_key", "_REQUEST_KEY", "REQUEST_KEY"),
+    ("is_final", "_IS_FINAL", "IS_FINAL"),
+)
+
+
+def ensemble_steps(*, engine_stream_keys: bool = True) -> tuple[tuple[str, dict[str, str], dict[str, str]], ...]:
+    """The ensemble's steps. ``engine_stream_keys=False`` (an engine that does not emit request_key /
+    is_final, e.g. NVIDIA's tensorrtllm backend in the GPU profile) gives NVIDIA's wiring unchanged."""
+    if not engine_stream_keys:
+        return NVIDIA_ENSEMBLE_STEPS
+    steps = []
+    for model, input_map, output_map in NVIDIA_ENSEMBLE_STEPS:
+        input_map, output_map = dict(input_map), dict(output_map)
+        for src, internal, dst in STREAM_KEY_WIRING:
+            if model == TENSORRT_LLM:
+                output_map[src] = internal
+            elif model == POSTPROCESSING:
+                input_map[dst] = internal
+        steps.append((model, input_map, output_map))
+    return tuple(steps)
+
+
+ENSEMBLE_STEPS = ensemble_steps()
 
 # Which tensors each model of the pipeline declares, by model name.
 MODEL_TENSORS: dict[str, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {

@@ -34,8 +34,8 @@ def test_checkpoint_files_and_config(demo):
     names = {p.name for p in demo.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
             "tokenizer_config.json", "special_tokens_map.json", bdm.STAMP} <= names
-    # Built in a temp sibling and renamed: nothing else may be left next to the output.
-    assert [p.name for p in demo.parent.iterdir()] == ["demo"]
+    # Built in a temp sibling and renamed: only the lock file may be left next to the output.
+    assert sorted(p.name for p in demo.parent.iterdir()) == [".demo.lock", "demo"]
     cfg = json.loads((demo / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
     assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (4, 2)
@@ -89,7 +89,10 @@ def test_stamp_makes_rebuild_a_noop(demo, capsys):
     assert not bdm.is_up_to_date(demo, bdm.BuildArgs(**{**TINY, "seed": 1}))
 
 
-def test_build_is_deterministic(demo, tmp_path):
+def test_build_is_deterministic_and_clears_killed_builds(demo, tmp_path):
+    (tmp_path / ".again.tmp-killed").mkdir()  # what a build killed mid-way leaves behind
+    (tmp_path / ".again.tmp-killed" / "model.safetensors").write_bytes(b"half")
     again = bdm.build_demo_model(tmp_path / "again", **TINY)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".again.lock", "again"]
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (again / name).read_bytes() == (demo / name).read_bytes(), name

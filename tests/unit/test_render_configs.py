@@ -32,7 +32,7 @@ def configs(deployment) -> dict[str, mc.ModelConfig]:
 def test_every_rendered_file_parses_back_to_the_same_config(deployment):
     files = rc.render_files(deployment, ROOT)
     configs = rc.render_default(deployment, ROOT)
-    pbtxt = {p: t for p, t in files.items() if p.endswith(".pbtxt")}
+    pbtxt = {p: t for p, t in files.items() if p.endswith("/config.pbtxt")}
     assert len(pbtxt) == len(rc.MODEL_DIRS)
     for name, model_dir in rc.MODEL_DIRS.items():
         parsed = text_format.Parse(pbtxt[f"{model_dir}/config.pbtxt"], mc.ModelConfig())
@@ -200,3 +200,22 @@ def test_profile_hook_writes_configs_folder_and_is_cross_checked(deployment, tmp
     with_profile["profiles"]["gpu"]["break_streaming"] = True
     with pytest.raises(rc.DeploymentError, match="cross-check failed for 'gpu'"):
         rc.render_files(with_profile, ROOT)
+
+
+def test_engine_stream_keys_reach_postprocessing_and_nvidia_wiring_omits_them(configs):
+    ens = configs[C.ENSEMBLE]
+    llm_step, post_step = ens.ensemble_scheduling.step[1], ens.ensemble_scheduling.step[2]
+    assert llm_step.output_map["request_key"] == post_step.input_map["REQUEST_KEY"] == "_REQUEST_KEY"
+    assert llm_step.output_map["is_final"] == post_step.input_map["IS_FINAL"] == "_IS_FINAL"
+    post_inputs = {t.name: t for t in configs[C.POSTPROCESSING].input}
+    assert post_inputs["REQUEST_KEY"].optional and post_inputs["IS_FINAL"].optional
+    assert "request_key" not in {t.name for t in ens.output}  # internal only, never client-facing
+    # The GPU profile's engine (NVIDIA's) emits neither: its wiring must still pass the cross-checks.
+    nvidia = copy.deepcopy(configs)
+    nvidia[C.ENSEMBLE] = rc.ensemble_model(
+        {"max_batch_size": ens.max_batch_size}, steps=C.ensemble_steps(engine_stream_keys=False))
+    del nvidia[C.TENSORRT_LLM].output[:]
+    nvidia[C.TENSORRT_LLM].output.extend(rc.tensor_msg(t, mc.ModelOutput) for t in C.NVIDIA_TENSORRT_LLM_OUTPUTS)
+    assert check_pipeline(nvidia) == []
+    steps = nvidia[C.ENSEMBLE].ensemble_scheduling.step
+    assert "request_key" not in steps[1].output_map and "REQUEST_KEY" not in steps[2].input_map

@@ -3,6 +3,8 @@
 Numerics follow transformers' reference code (RMSNorm in fp32, rotate-half RoPE with HF's inverse
 frequencies, SDPA attention) so that greedy decoding in fp32 matches HF token for token. Projections are
 fused (qkv, gate+up) to cut per-layer kernel launches; each output column is still one dot product.
+Gathers use index_select / index_copy_: on CPU, advanced indexing (`t[idx]`) takes a slow multi-threaded
+path that was measured 300x slower for the small gathers of decode attention.
 """
 from __future__ import annotations
 
@@ -111,31 +113,33 @@ class Transformer:
                 k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            kv_k[li][meta.slot_mapping] = k
-            kv_v[li][meta.slot_mapping] = v
+            kv_k[li].index_copy_(0, meta.slot_mapping, k)
+            kv_v[li].index_copy_(0, meta.slot_mapping, v)
             attn = self._attention(q, kv_k[li], kv_v[li], meta)
             h = h + F.linear(attn.reshape(T, self.q_size), layer.o, layer.o_b)
             x = rms_norm(h, layer.ln2, spec.rms_norm_eps)
             gu = F.linear(x, layer.gate_up, layer.gate_up_b)
             inter = gu.shape[-1] // 2
             h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.down, layer.down_b)
-        h = rms_norm(h[logits_rows], self.norm, spec.rms_norm_eps)
+        h = rms_norm(h.index_select(0, logits_rows), self.norm, spec.rms_norm_eps)
         return F.linear(h, self.lm_head).float()
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    meta: AttentionMeta) -> torch.Tensor:
         out = torch.empty_like(q)
         if meta.decode_rows is not None:
-            qd = q[meta.decode_rows].unsqueeze(2)                          # [B, H, 1, D]
-            kd = k_cache[meta.decode_gather].permute(0, 2, 1, 3)           # [B, KVH, K, D]
-            vd = v_cache[meta.decode_gather].permute(0, 2, 1, 3)
+            b, kmax = meta.decode_gather.shape
+            flat = meta.decode_gather.reshape(-1)
+            qd = q.index_select(0, meta.decode_rows).unsqueeze(2)          # [B, H, 1, D]
+            kd = k_cache.index_select(0, flat).view(b, kmax, *k_cache.shape[1:]).permute(0, 2, 1, 3)
+            vd = v_cache.index_select(0, flat).view(b, kmax, *v_cache.shape[1:]).permute(0, 2, 1, 3)
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
                                                 scale=self.scale, enable_gqa=True)
-            out[meta.decode_rows] = od.squeeze(2)
+            out.index_copy_(0, meta.decode_rows, od.squeeze(2))
         for start, n, gather, mask in meta.prefills:
             qp = q[start:start + n].transpose(0, 1).unsqueeze(0)           # [1, H, n, D]
-            kp = k_cache[gather].transpose(0, 1).unsqueeze(0)              # [1, KVH, K, D]
-            vp = v_cache[gather].transpose(0, 1).unsqueeze(0)
+            kp = k_cache.index_select(0, gather).transpose(0, 1).unsqueeze(0)  # [1, KVH, K, D]
+            vp = v_cache.index_select(0, gather).transpose(0, 1).unsqueeze(0)
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale,
                                                 enable_gqa=True)
             out[start:start + n] = op.squeeze(0).transpose(0, 1)

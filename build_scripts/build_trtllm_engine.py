@@ -1,0 +1,322 @@
+"""HF checkpoint -> FP8 TensorRT-LLM engine for the GPU profile (``tensorrt_llm/configs/trtllm.pbtxt``).
+
+Two steps, both NVIDIA's own tools (documented interfaces; not run on the CPU machines of this project):
+
+1. ``python examples/quantization/quantize.py --model_dir HF --qformat fp8 --kv_cache_dtype fp8 ...``
+   (TensorRT-LLM's ModelOpt post-training quantization; writes a TensorRT-LLM checkpoint, one
+   ``rank<N>.safetensors`` per rank of ``--tp_size x --pp_size``).
+2. ``trtllm-build --checkpoint_dir CKPT --output_dir ENGINE --gemm_plugin auto
+   --use_paged_context_fmha enable --use_fp8_context_fmha enable --max_batch_size ... --max_num_tokens ...``
+   (tp / pp come from the checkpoint: trtllm-build has no tp/pp flags of its own).
+
+Usage:
+    python build_scripts/build_trtllm_engine.py --checkpoint /models/Llama-3.1-8B-Instruct --dry-run
+    python build_scripts/build_trtllm_engine.py --checkpoint /models/Llama-3.1-8B-Instruct --tp-size 2
+
+Invariants:
+- ``plan_commands`` is pure: the same ``BuildPlan`` gives the same argv lists (unit-tested exactly);
+  ``--dry-run`` prints exactly those, shell-quoted, and runs nothing.
+- Defaults come from ``deployment.yaml`` (``profiles.trtllm``; ``llm.gpt_model_path`` for the checkpoint),
+  so the engine is built with the limits the rendered GPU config assumes; flags override.
+- Before a real build: TensorRT-LLM >= ``MIN_TRTLLM_VERSION`` is installed, ``trtllm-build`` and the
+  quantize script exist, and every visible GPU is SM >= 8.9 (FP8 tensor cores: Ada, Hopper, Blackwell).
+  FP8 context FMHA is documented by NVIDIA for Hopper (SM 9.0+): ``--fp8-context-fmha auto`` disables it
+  on SM 8.9. Every failure is one clear message and exit code 2; nothing is half-built silently.
+- After a real build the engine folder holds ``config.json`` and one ``rank<N>.engine`` per rank.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+# 0.11 made `auto` the gemm_plugin default (older trtllm-build accepts only dtypes there) and already has
+# --max_seq_len / --max_num_tokens / --use_fp8_context_fmha.
+MIN_TRTLLM_VERSION = (0, 11, 0)
+FP8_MIN_SM = (8, 9)
+FP8_FMHA_MIN_SM = (9, 0)
+DEFAULT_ENGINE_DIR = "model_repository/tensorrt_llm/1"
+DEFAULT_QUANTIZE_SCRIPT = "/app/tensorrt_llm/examples/quantization/quantize.py"
+
+
+class BuildError(RuntimeError):
+    """A precondition of the build is not met; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    checkpoint: str            # HF folder (config.json + *.safetensors)
+    quantized_dir: str         # TensorRT-LLM checkpoint written by quantize.py
+    engine_dir: str            # trtllm-build output: config.json + rank<N>.engine
+    tp_size: int = 1
+    pp_size: int = 1
+    max_batch_size: int = 64
+    max_input_len: int = 2048
+    max_seq_len: int = 4096
+    max_num_tokens: int = 8192
+    max_beam_width: int = 1
+    dtype: str = "auto"        # non-quantized parts (embedding, lm_head); quantize.py's --dtype
+    calib_size: int = 512
+    calib_dataset: str | None = None  # None: quantize.py's default (cnn_dailymail, from the HF hub)
+    fp8_context_fmha: bool = True
+    workers: int = 1
+    python: str = "python3"
+    quantize_script: str = DEFAULT_QUANTIZE_SCRIPT
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    def validate(self) -> None:
+        for name in ("tp_size", "pp_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
+                     "max_beam_width", "calib_size", "workers"):
+            if getattr(self, name) <= 0:
+                raise BuildError(f"{name} must be > 0 (got {getattr(self, name)})")
+        if self.max_input_len > self.max_seq_len:
+            raise BuildError(f"max_input_len {self.max_input_len} exceeds max_seq_len {self.max_seq_len}")
+        if self.workers > self.world_size:
+            raise BuildError(f"workers {self.workers} exceeds the world size tp x pp = {self.world_size}")
+
+
+def plan_commands(plan: BuildPlan) -> list[list[str]]:
+    """The argv of each step, in order (pure)."""
+    plan.validate()
+    quantize = [plan.python, plan.quantize_script,
+                "--model_dir", plan.checkpoint,
+                "--dtype", plan.dtype,
+                "--qformat", "fp8",
+                "--kv_cache_dtype", "fp8",
+                "--calib_size", str(plan.calib_size)]
+    if plan.calib_dataset:
+        quantize += ["--calib_dataset", plan.calib_dataset]
+    quantize += ["--tp_size", str(plan.tp_size),
+                 "--pp_size", str(plan.pp_size),
+                 "--output_dir", plan.quantized_dir]
+    # Paged context FMHA is what enable_kv_cache_reuse and enable_chunked_context need at serving time.
+    build = ["trtllm-build",
+             "--checkpoint_dir", plan.quantized_dir,
+             "--output_dir", plan.engine_dir,
+             "--gemm_plugin", "auto",
+             "--use_paged_context_fmha", "enable",
+             "--use_fp8_context_fmha", "enable" if plan.fp8_context_fmha else "disable",
+             "--max_batch_size", str(plan.max_batch_size),
+             "--max_input_len", str(plan.max_input_len),
+             "--max_seq_len", str(plan.max_seq_len),
+             "--max_num_tokens", str(plan.max_num_tokens),
+             "--max_beam_width", str(plan.max_beam_width),
+             "--workers", str(plan.workers)]
+    return [quantize, build]
+
+
+# --------------------------------------------------------------------------- environment checks
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """'0.17.0.post1' / '1.0.0rc4' -> (0, 17, 0); raises BuildError on anything else."""
+    m = re.match(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    if not m:
+        raise BuildError(f"cannot parse TensorRT-LLM version {text!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def installed_trtllm_version() -> str | None:
+    for dist in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_trtllm_version(version: str | None) -> None:
+    if version is None:
+        raise BuildError("TensorRT-LLM is not installed. Build inside NVIDIA's container "
+                         "(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3, see docs/gpu_deployment.md) "
+                         "or `pip install tensorrt_llm` on a CUDA host.")
+    if parse_version(version) < MIN_TRTLLM_VERSION:
+        need = ".".join(map(str, MIN_TRTLLM_VERSION))
+        raise BuildError(f"TensorRT-LLM {version} is too old: need >= {need} (trtllm-build --gemm_plugin auto).")
+
+
+def parse_compute_caps(text: str) -> list[tuple[int, int]]:
+    """``nvidia-smi --query-gpu=compute_cap --format=csv,noheader`` output -> [(major, minor), ...]."""
+    caps = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"(\d+)\.(\d+)", line)
+        if not m:
+            raise BuildError(f"unexpected compute capability from nvidia-smi: {line!r}")
+        caps.append((int(m.group(1)), int(m.group(2))))
+    return caps
+
+
+def detect_compute_caps() -> list[tuple[int, int]]:
+    """Compute capability of each visible GPU: nvidia-smi first, then torch.cuda; [] when neither sees one."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30)
+            if out.returncode == 0 and out.stdout.strip():
+                return parse_compute_caps(out.stdout)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # old drivers lack compute_cap: fall through to torch
+    try:
+        import torch  # optional: only consulted when nvidia-smi could not answer
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+
+
+def sm(cap: tuple[int, int]) -> str:
+    return f"SM {cap[0]}.{cap[1]}"
+
+
+def check_gpus(caps: list[tuple[int, int]]) -> None:
+    """FP8 needs SM 8.9+ on every GPU the engine may run on (an engine is tied to one architecture)."""
+    if not caps:
+        raise BuildError("no NVIDIA GPU visible (nvidia-smi / torch.cuda): FP8 quantization and trtllm-build "
+                         "need one. Use --dry-run to print the commands on a machine without a GPU.")
+    too_old = sorted({c for c in caps if c < FP8_MIN_SM})
+    if too_old:
+        raise BuildError(f"FP8 needs compute capability >= {sm(FP8_MIN_SM)} (Ada, Hopper, Blackwell); found "
+                         f"{', '.join(map(sm, too_old))} (e.g. A100 is SM 8.0). Use a bf16 or int8 engine there.")
+    if len(set(caps)) > 1:
+        raise BuildError(f"mixed GPU architectures ({', '.join(map(sm, sorted(set(caps))))}): a TensorRT engine "
+                         "runs only on the architecture it was built on; set CUDA_VISIBLE_DEVICES to one kind.")
+
+
+def resolve_fp8_context_fmha(choice: str, caps: list[tuple[int, int]]) -> tuple[bool, str | None]:
+    """(enable?, note). ``auto`` enables on SM 9.0+ and when the target is unknown (dry run, no GPU)."""
+    if choice == "enable":
+        return True, None
+    if choice == "disable":
+        return False, None
+    if not caps:
+        return True, f"no GPU seen: assuming a Hopper-class target ({sm(FP8_FMHA_MIN_SM)}+) for FP8 context FMHA"
+    if min(caps) >= FP8_FMHA_MIN_SM:
+        return True, None
+    return False, (f"{sm(min(caps))}: FP8 context FMHA is documented for {sm(FP8_FMHA_MIN_SM)}+ only; "
+                   "building with --use_fp8_context_fmha disable")
+
+
+# --------------------------------------------------------------------------- CLI
+
+def profile_settings(deployment_path: Path) -> tuple[dict, dict]:
+    """(deployment's llm section, profiles.trtllm settings); empty dicts when absent."""
+    if not deployment_path.exists():
+        return {}, {}
+    with open(deployment_path) as f:
+        dep = yaml.safe_load(f) or {}
+    return dep.get("llm") or {}, (dep.get("profiles") or {}).get("trtllm") or {}
+
+
+def repo_path(value: str) -> str:
+    """Deployment paths are repo-relative; commands get them absolute so any working directory works."""
+    p = Path(os.path.expanduser(str(value)))
+    return str(p if p.is_absolute() else REPO / p)
+
+
+def build_parser(llm: dict, s: dict) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", default=s.get("checkpoint_dir") or llm.get("gpt_model_path"),
+                   help="HF checkpoint folder (default: profiles.trtllm.checkpoint_dir, else llm.gpt_model_path)")
+    p.add_argument("--output", default=s.get("engine_dir", DEFAULT_ENGINE_DIR), help="engine folder")
+    p.add_argument("--work-dir", default="build/trtllm/checkpoint_fp8",
+                   help="where quantize.py writes the TensorRT-LLM checkpoint")
+    for flag, key, default in (("--tp-size", "tp_size", 1), ("--pp-size", "pp_size", 1),
+                               ("--max-batch-size", "max_batch_size", 64), ("--max-input-len", "max_input_len", 2048),
+                               ("--max-seq-len", "max_seq_len", 4096), ("--max-num-tokens", "max_num_tokens", 8192),
+                               ("--max-beam-width", "max_beam_width", 1), ("--calib-size", "calib_size", 512)):
+        p.add_argument(flag, type=int, default=int(s.get(key, default)))
+    p.add_argument("--workers", type=int, default=None, help="parallel build workers (default 1; one GPU each)")
+    p.add_argument("--dtype", default=s.get("dtype", "auto"), choices=["auto", "float16", "bfloat16", "float32"])
+    p.add_argument("--calib-dataset", default=s.get("calib_dataset"),
+                   help="HF dataset name or local folder for calibration (quantize.py default: cnn_dailymail)")
+    p.add_argument("--fp8-context-fmha", default="auto", choices=["auto", "enable", "disable"])
+    p.add_argument("--quantize-script", default=os.environ.get("TRTLLM_QUANTIZE_SCRIPT", DEFAULT_QUANTIZE_SCRIPT),
+                   help="TensorRT-LLM's examples/quantization/quantize.py (env TRTLLM_QUANTIZE_SCRIPT)")
+    p.add_argument("--python", default="python3", help="interpreter that has tensorrt_llm")
+    p.add_argument("--dry-run", action="store_true", help="print the commands; check and run nothing")
+    p.add_argument("--deployment", type=Path, default=REPO / "deployment.yaml")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--deployment", type=Path, default=REPO / "deployment.yaml")
+    llm, settings = profile_settings(pre.parse_known_args(argv)[0].deployment)
+    args = build_parser(llm, settings).parse_args(argv)
+    try:
+        if not args.checkpoint:
+            raise BuildError("--checkpoint is required (no llm.gpt_model_path in the deployment)")
+        caps = detect_compute_caps()
+        for check in (lambda: check_trtllm_version(installed_trtllm_version()), lambda: check_gpus(caps)):
+            try:
+                check()
+            except BuildError as e:
+                if not args.dry_run:
+                    raise
+                print(f"# dry run; a real build would stop here: {e}", file=sys.stderr)
+        fmha, note = resolve_fp8_context_fmha(args.fp8_context_fmha, caps)
+        plan = BuildPlan(
+            checkpoint=repo_path(args.checkpoint), quantized_dir=repo_path(args.work_dir),
+            engine_dir=repo_path(args.output), tp_size=args.tp_size, pp_size=args.pp_size,
+            max_batch_size=args.max_batch_size, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
+            max_num_tokens=args.max_num_tokens, max_beam_width=args.max_beam_width, dtype=args.dtype,
+            calib_size=args.calib_size, calib_dataset=args.calib_dataset, fp8_context_fmha=fmha,
+            workers=args.workers or 1, python=args.python, quantize_script=args.quantize_script)
+        commands = plan_commands(plan)
+        if note:
+            print(f"# note: {note}", file=sys.stderr)
+        if args.dry_run:
+            for cmd in commands:
+                print(shlex.join(cmd))
+            return 0
+        run_build(plan, commands)
+    except BuildError as e:
+        print(f"build_trtllm_engine: {e}", file=sys.stderr)
+        return 2
+    print(f"build_trtllm_engine: engine written to {plan.engine_dir} (world size {plan.world_size})")
+    return 0
+
+
+def run_build(plan: BuildPlan, commands: list[list[str]]) -> None:
+    if not Path(plan.quantize_script).is_file():
+        raise BuildError(f"quantize script not found: {plan.quantize_script}. Clone TensorRT-LLM at the tag "
+                         "matching the installed version and pass --quantize-script (or TRTLLM_QUANTIZE_SCRIPT).")
+    if shutil.which("trtllm-build") is None:
+        raise BuildError("trtllm-build is not on PATH (it comes with the tensorrt_llm package)")
+    if not (Path(plan.checkpoint) / "config.json").is_file():
+        raise BuildError(f"{plan.checkpoint} is not a HF checkpoint folder (no config.json)")
+    Path(plan.engine_dir).mkdir(parents=True, exist_ok=True)
+    for cmd in commands:
+        print(f"$ {shlex.join(cmd)}", flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            raise BuildError(f"step failed: {cmd[0] if cmd[0] != plan.python else cmd[1]}")
+    check_engine_dir(Path(plan.engine_dir), plan.world_size)
+
+
+def check_engine_dir(engine_dir: Path, world_size: int) -> None:
+    missing = [n for n in ["config.json"] + [f"rank{r}.engine" for r in range(world_size)]
+               if not (engine_dir / n).is_file()]
+    if missing:
+        raise BuildError(f"engine folder {engine_dir} is incomplete: missing {', '.join(missing)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

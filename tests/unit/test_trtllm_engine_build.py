@@ -1,0 +1,130 @@
+"""build_trtllm_engine.py: exact quantize.py / trtllm-build command lines, version and GPU checks, --dry-run.
+
+TensorRT-LLM is not installed here and there is no GPU: these tests pin the commands and the decisions
+(what is refused, what is enabled) that a GPU host would execute.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "build_scripts"))
+
+import build_trtllm_engine as b  # noqa: E402
+
+
+def plan(**kw) -> b.BuildPlan:
+    base = dict(checkpoint="/models/llama", quantized_dir="/tmp/ckpt", engine_dir="/repo/model_repository/tensorrt_llm/1")
+    return b.BuildPlan(**{**base, **kw})
+
+
+def test_commands_are_exactly_nvidias_fp8_flow():
+    quantize, build = b.plan_commands(plan(tp_size=2, pp_size=2, max_batch_size=128, max_input_len=1024,
+                                           max_seq_len=2048, max_num_tokens=4096, workers=2,
+                                           calib_dataset="/data/calib", dtype="bfloat16"))
+    assert quantize == [
+        "python3", b.DEFAULT_QUANTIZE_SCRIPT, "--model_dir", "/models/llama", "--dtype", "bfloat16",
+        "--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_size", "512", "--calib_dataset", "/data/calib",
+        "--tp_size", "2", "--pp_size", "2", "--output_dir", "/tmp/ckpt"]
+    assert build == [
+        "trtllm-build", "--checkpoint_dir", "/tmp/ckpt", "--output_dir", "/repo/model_repository/tensorrt_llm/1",
+        "--gemm_plugin", "auto", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha", "enable",
+        "--max_batch_size", "128", "--max_input_len", "1024", "--max_seq_len", "2048", "--max_num_tokens", "4096",
+        "--max_beam_width", "1", "--workers", "2"]
+
+
+def test_calib_dataset_omitted_when_unset_and_fmha_can_be_disabled():
+    quantize, build = b.plan_commands(plan(fp8_context_fmha=False))
+    assert "--calib_dataset" not in quantize
+    i = build.index("--use_fp8_context_fmha")
+    assert build[i + 1] == "disable"
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(tp_size=0), "tp_size"),
+    (dict(max_input_len=5000, max_seq_len=4096), "exceeds max_seq_len"),
+    (dict(workers=3, tp_size=2), "world size"),
+])
+def test_invalid_plans_are_refused(kw, msg):
+    with pytest.raises(b.BuildError, match=msg):
+        b.plan_commands(plan(**kw))
+
+
+def test_compute_capability_parsing_and_fp8_gate():
+    caps = b.parse_compute_caps("9.0\n9.0\n")
+    assert caps == [(9, 0), (9, 0)]
+    b.check_gpus(caps)                     # H100 / H200: fine
+    b.check_gpus([(8, 9)])                 # L4 / L40S (Ada): FP8 GEMMs exist
+    with pytest.raises(b.BuildError, match=r"SM 8\.0"):
+        b.check_gpus([(8, 0)])             # A100: no FP8
+    with pytest.raises(b.BuildError, match="no NVIDIA GPU"):
+        b.check_gpus([])
+    with pytest.raises(b.BuildError, match="mixed GPU architectures"):
+        b.check_gpus([(9, 0), (8, 9)])
+    with pytest.raises(b.BuildError, match="unexpected compute capability"):
+        b.parse_compute_caps("[N/A]")
+
+
+def test_fp8_context_fmha_auto_follows_the_architecture():
+    assert b.resolve_fp8_context_fmha("auto", [(9, 0)]) == (True, None)
+    assert b.resolve_fp8_context_fmha("auto", [(10, 0)]) == (True, None)
+    enabled, note = b.resolve_fp8_context_fmha("auto", [(8, 9)])
+    assert not enabled and "SM 8.9" in note
+    enabled, note = b.resolve_fp8_context_fmha("auto", [])
+    assert enabled and "no GPU" in note
+    assert b.resolve_fp8_context_fmha("disable", [(9, 0)]) == (False, None)
+    assert b.resolve_fp8_context_fmha("enable", [(8, 9)]) == (True, None)
+
+
+def test_version_check():
+    assert b.parse_version("0.17.0.post1") == (0, 17, 0)
+    assert b.parse_version("1.0.0rc4") == (1, 0, 0)
+    b.check_trtllm_version("0.11.0")
+    b.check_trtllm_version("1.1.0")
+    with pytest.raises(b.BuildError, match="too old"):
+        b.check_trtllm_version("0.10.0")
+    with pytest.raises(b.BuildError, match="not installed"):
+        b.check_trtllm_version(None)
+    with pytest.raises(b.BuildError, match="cannot parse"):
+        b.check_trtllm_version("dev")
+
+
+def test_dry_run_prints_the_commands_and_defaults_come_from_the_deployment(capsys):
+    assert b.main(["--dry-run", "--fp8-context-fmha", "enable"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    quantize, build = (shlex.split(line) for line in lines)
+    llm, settings = b.profile_settings(ROOT / "deployment.yaml")
+    expected = b.plan_commands(b.BuildPlan(
+        checkpoint=str(ROOT / settings["checkpoint_dir"]),
+        quantized_dir=str(ROOT / "build/trtllm/checkpoint_fp8"), engine_dir=str(ROOT / settings["engine_dir"]),
+        tp_size=settings["tp_size"], pp_size=settings["pp_size"], max_batch_size=settings["max_batch_size"],
+        max_input_len=settings["max_input_len"], max_seq_len=settings["max_seq_len"],
+        max_num_tokens=settings["max_num_tokens"], max_beam_width=settings["max_beam_width"],
+        calib_size=settings["calib_size"]))
+    assert [quantize, build] == expected
+
+
+def test_dry_run_flags_override_and_a_real_build_stops_here(capsys):
+    assert b.main(["--dry-run", "--checkpoint", "/abs/hf", "--tp-size", "2", "--output", "/engines/x",
+                   "--fp8-context-fmha", "disable", "--python", "python3.12"]) == 0
+    quantize, build = (shlex.split(line) for line in capsys.readouterr().out.strip().splitlines())
+    assert quantize[:4] == ["python3.12", b.DEFAULT_QUANTIZE_SCRIPT, "--model_dir", "/abs/hf"]
+    assert quantize[quantize.index("--tp_size") + 1] == "2"
+    assert build[build.index("--output_dir") + 1] == "/engines/x"
+    assert build[build.index("--use_fp8_context_fmha") + 1] == "disable"
+    # Without --dry-run, this machine (no TensorRT-LLM, no GPU) is refused with a message, exit 2.
+    assert b.main(["--checkpoint", "/abs/hf"]) == 2
+    assert "build_trtllm_engine:" in capsys.readouterr().err
+
+
+def test_engine_dir_check(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "rank0.engine").write_bytes(b"")
+    b.check_engine_dir(tmp_path, 1)
+    with pytest.raises(b.BuildError, match="rank1.engine"):
+        b.check_engine_dir(tmp_path, 2)

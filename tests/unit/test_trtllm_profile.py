@@ -1,0 +1,161 @@
+"""GPU profile `trtllm`: rendered configs parse, pass the cross-checks, follow NVIDIA's tensorrtllm config,
+drop our engine-only outputs (request_key / is_final) everywhere, and the MPI launch line is NVIDIA's."""
+from __future__ import annotations
+
+import copy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "build_scripts"))
+sys.path.insert(0, str(ROOT / "backends"))
+
+import render_configs as rc  # noqa: E402
+import serve_trtllm_mpi as mpi  # noqa: E402
+from config_checks import check_pipeline  # noqa: E402
+from profiles import trtllm  # noqa: E402
+from tritonllm import contract as C  # noqa: E402
+
+GPU_FILES = ("model_repository/tensorrt_llm/configs/trtllm.pbtxt", "ensembles/ensemble/configs/trtllm.pbtxt")
+
+
+@pytest.fixture(scope="module")
+def deployment() -> dict:
+    return rc.load_deployment(ROOT / "deployment.yaml")
+
+
+@pytest.fixture(scope="module")
+def files(deployment) -> dict[str, str]:
+    return rc.render_files(deployment, ROOT)
+
+
+def parse(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def test_gpu_files_are_rendered_parse_and_are_committed(files):
+    for rel in GPU_FILES:
+        assert rel in files
+        assert parse(files[rel]).name in (C.TENSORRT_LLM, C.ENSEMBLE)
+        assert (ROOT / rel).read_text() == files[rel], f"{rel} is stale: run build_scripts/render_configs.py"
+
+
+def test_gpu_set_passes_the_cross_checks(deployment, files):
+    gpu_set = rc.render_default(deployment, ROOT)
+    gpu_set[C.TENSORRT_LLM] = parse(files[GPU_FILES[0]])
+    gpu_set[C.ENSEMBLE] = parse(files[GPU_FILES[1]])
+    assert check_pipeline(gpu_set) == []
+
+
+def test_tensorrt_llm_gpu_config_is_nvidias(deployment, files):
+    cfg = parse(files[GPU_FILES[0]])
+    settings = deployment["profiles"]["trtllm"]
+    assert cfg.backend == "tensorrtllm" and not cfg.platform
+    assert cfg.model_transaction_policy.decoupled
+    assert cfg.max_batch_size == deployment["llm"]["max_batch_size"]
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [cfg.max_batch_size]
+    assert cfg.dynamic_batching.default_queue_policy.max_queue_size == settings["max_queue_size"]
+    # NVIDIA's config declares KIND_CPU: the backend's executor places the engine on the GPUs by MPI rank.
+    assert [(g.count, g.kind) for g in cfg.instance_group] == [(1, mc.ModelInstanceGroup.KIND_CPU)]
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    assert params["gpt_model_type"] == "inflight_fused_batching"
+    assert params["gpt_model_path"] == "/workspace/tritonllm/model_repository/tensorrt_llm/1"
+    assert params["kv_cache_free_gpu_mem_fraction"] == str(settings["kv_cache_free_gpu_mem_fraction"])
+    assert params["batch_scheduler_policy"] == settings["batch_scheduler_policy"]
+    for key in ("enable_kv_cache_reuse", "enable_chunked_context", "exclude_input_in_output"):
+        assert params[key] == ("true" if settings[key] else "false")
+    assert params["max_beam_width"] == "1"
+    assert not any("${" in v for v in params.values())
+
+
+def test_gpu_tensors_equal_the_default_ones_minus_engine_only_outputs(deployment, files):
+    gpu = parse(files[GPU_FILES[0]])
+    cpu = rc.render_default(deployment, ROOT)[C.TENSORRT_LLM]
+    assert list(gpu.input) == list(cpu.input)  # same tensor mapping as render_configs.tensor_msg
+    assert list(gpu.output) == [t for t in cpu.output if t.name not in trtllm.NON_NVIDIA_OUTPUTS]
+    assert not {t.name for t in gpu.output} & {"request_key", "is_final"}
+    if hasattr(C, "NVIDIA_TENSORRT_LLM_OUTPUTS"):
+        assert [t.name for t in gpu.output] == [t.name for t in C.NVIDIA_TENSORRT_LLM_OUTPUTS]
+
+
+def test_gpu_ensemble_has_no_mapping_of_engine_only_outputs(deployment, files):
+    ens = parse(files[GPU_FILES[1]])
+    default = rc.render_default(deployment, ROOT)[C.ENSEMBLE]
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == [s.model_name for s in default.ensemble_scheduling.step]
+    for step in ens.ensemble_scheduling.step:
+        assert not set(step.output_map) & trtllm.NON_NVIDIA_OUTPUTS
+        assert not any(v.lstrip("_").lower() in trtllm.NON_NVIDIA_OUTPUTS for v in step.input_map.values())
+    # Everything else is the default wiring, unchanged.
+    for gpu_step, cpu_step in zip(ens.ensemble_scheduling.step, default.ensemble_scheduling.step):
+        cpu_out = {k: v for k, v in cpu_step.output_map.items() if k not in trtllm.NON_NVIDIA_OUTPUTS}
+        assert dict(gpu_step.output_map) == cpu_out
+        assert set(gpu_step.input_map.items()) <= set(cpu_step.input_map.items())
+    assert list(ens.input) == list(default.input) and list(ens.output) == list(default.output)
+
+
+def test_pruning_refuses_a_required_input_fed_only_by_an_engine_only_output(monkeypatch, deployment):
+    steps = [list(s) for s in trtllm._nvidia_steps()]
+    tl = next(s for s in steps if s[0] == C.TENSORRT_LLM)
+    post = next(s for s in steps if s[0] == C.POSTPROCESSING)
+    tl[2] = {**tl[2], "is_final": "_IS_FINAL"}
+    post[1] = {**post[1], "SEQUENCE_LENGTH": "_IS_FINAL"}  # required input now fed by a pruned tensor
+    monkeypatch.setattr(trtllm, "_nvidia_steps", lambda: tuple(tuple(s) for s in steps))
+    with pytest.raises(trtllm.ProfileError, match="SEQUENCE_LENGTH"):
+        trtllm.ensemble_config(deployment)
+
+
+@pytest.mark.parametrize("key, value, msg", [
+    ("tp_size", 0, "tp_size"),
+    ("kv_cache_free_gpu_mem_fraction", 1.5, r"\(0, 1\]"),
+    ("batch_scheduler_policy", "fifo", "batch_scheduler_policy"),
+    ("enable_kv_cache_reuse", "yes", "true or false"),
+    ("container_repo_root", "workspace", "absolute"),
+    ("max_queue_size", -1, "max_queue_size"),
+])
+def test_bad_settings_are_refused(deployment, key, value, msg):
+    dep = copy.deepcopy(deployment)
+    dep["profiles"]["trtllm"][key] = value
+    with pytest.raises(ValueError, match=msg):
+        rc.render_files(dep, ROOT)
+
+
+def test_absolute_engine_dir_is_kept_and_relative_joins_the_container_root(deployment):
+    s = {**deployment["profiles"]["trtllm"], "engine_dir": "/engines/llama-fp8-tp2"}
+    assert trtllm.engine_path(trtllm.settings_with_defaults(s)) == "/engines/llama-fp8-tp2"
+    s = {**s, "engine_dir": "engines/x/../y", "container_repo_root": "/srv/repo"}
+    assert trtllm.engine_path(trtllm.settings_with_defaults(s)) == "/srv/repo/engines/y"
+
+
+def test_mpirun_command_is_nvidias_leader_mode_layout():
+    cmd = mpi.mpirun_command(2, "/opt/tritonserver/bin/tritonserver", http_port=8000, grpc_port=8001,
+                             metrics_port=8002, repositories=["/r/model_repository", "/r/ensembles"],
+                             backend_dir="/r/build/backends")
+    common = ["/opt/tritonserver/bin/tritonserver", "--model-repository=/r/model_repository",
+              "--model-repository=/r/ensembles", "--backend-directory=/r/build/backends",
+              "--model-config-name=trtllm", "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"]
+    assert cmd == ["mpirun", "--allow-run-as-root",
+                   "-n", "1", *common, "--disable-auto-complete-config",
+                   "--backend-config=python,shm-region-prefix-name=prefix0_",
+                   ":", "-n", "1", *common, "--model-control-mode=explicit", "--load-model=tensorrt_llm",
+                   "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix1_"]
+    with pytest.raises(ValueError):
+        mpi.mpirun_command(0, "x", http_port=1, grpc_port=2, metrics_port=3, repositories=[], backend_dir="b")
+
+
+def test_mpi_dry_run_uses_tp_times_pp_from_the_deployment(capsys, deployment):
+    assert mpi.main(["--dry-run", "--tritonserver", "/opt/tritonserver/bin/tritonserver"]) == 0
+    cmd = shlex.split(capsys.readouterr().out)
+    s = deployment["profiles"]["trtllm"]
+    assert cmd.count("-n") == s["tp_size"] * s["pp_size"] == mpi.world_size(s)
+    assert mpi.world_size(None) == 1 and mpi.world_size({"tp_size": 4, "pp_size": 2}) == 8
+    with pytest.raises(ValueError, match="tp_size"):
+        mpi.world_size({"tp_size": 0})
+    assert f"--http-port={deployment['server']['http_port']}" in cmd
+    assert mpi.main(["--dry-run", "--world-size", "4", "--tritonserver", "ts"]) == 0
+    cmd = shlex.split(capsys.readouterr().out)
+    assert cmd.count(":") == 3 and cmd.count("--load-model=tensorrt_llm") == 3
