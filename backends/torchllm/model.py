@@ -10,16 +10,19 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import triton_python_backend_utils as pb_utils
 
 # The stub builds sys.path itself (PYTHONPATH is ignored): make the sibling library package importable.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
+from tritonllm.contract import with_client_names
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.request import InvalidRequest, QueueFull
 from tritonllm.engine.runner import EngineRunner
 from tritonllm.llm_io import engine_config_from_parameters, parse_request, response_arrays
+from tritonllm.metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -32,8 +35,17 @@ class _TritonLogHandler(logging.Handler):
         (pb_utils.Logger.log_error if record.levelno >= logging.ERROR else pb_utils.Logger.log_warn)(msg)
 
 
+def _metric_family(name, description, kind):
+    kinds = {COUNTER: pb_utils.MetricFamily.COUNTER, GAUGE: pb_utils.MetricFamily.GAUGE,
+             HISTOGRAM: getattr(pb_utils.MetricFamily, "HISTOGRAM", None)}
+    if kinds[kind] is None:
+        return None  # no native histograms in this Triton: LLMMetrics builds them from counters
+    return pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind]).Metric
+
+
 class _Stream:
-    __slots__ = ("sender", "triton_id", "prompt", "streaming", "exclude_input", "tokens", "logprobs")
+    __slots__ = ("sender", "triton_id", "prompt", "streaming", "exclude_input", "tokens", "logprobs",
+                 "arrival", "first_token", "num_out")
 
     def __init__(self, sender, triton_id, parsed):
         self.sender = sender
@@ -43,6 +55,17 @@ class _Stream:
         self.exclude_input = parsed.exclude_input
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
+        self.arrival = time.monotonic()
+        self.first_token: float | None = None
+        self.num_out = 0
+
+    def timings(self) -> tuple[float | None, float | None]:
+        """(time to first token, mean time per later output token) as the client saw them."""
+        if self.first_token is None:
+            return None, None
+        ttft = self.first_token - self.arrival
+        tpot = (time.monotonic() - self.first_token) / (self.num_out - 1) if self.num_out > 1 else None
+        return ttft, tpot
 
 
 class TritonPythonModel:
@@ -65,9 +88,11 @@ class TritonPythonModel:
         self.streams: dict[str, _Stream] = {}
         self.lock = threading.Lock()
         self.ids = itertools.count()
+        self.metrics = LLMMetrics(_metric_family, args["model_name"],
+                                  float(params.get("cost_per_instance_hour_usd", "0") or 0))
         self.runner = EngineRunner(self.engine, self._on_output).start()
         self.closing = threading.Event()
-        self.watcher = threading.Thread(target=self._watch_cancellations, daemon=True)
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
         self.watcher.start()
         self.logger.log_info(f"tensorrt_llm: engine ready ({model_path}, device {self.engine.model.device}, "
                              f"dtype {self.engine.model.dtype}, {self.engine.pool.num_blocks} KV blocks)")
@@ -101,8 +126,8 @@ class TritonPythonModel:
                     with self.lock:
                         self.streams.pop(rid, None)
                     raise
-            except InvalidRequest as e:
-                self._fail(sender, str(e), pb_utils.TritonError.INVALID_ARG)
+            except InvalidRequest as e:  # plus the ensemble's input names: "request_output_len (max_tokens)"
+                self._fail(sender, with_client_names(str(e)), pb_utils.TritonError.INVALID_ARG)
             except QueueFull as e:
                 self._fail(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
             except Exception as e:  # never let one request take the model down
@@ -130,6 +155,12 @@ class TritonPythonModel:
                 del self.streams[out.request_id]
         if s is None:
             return
+        if out.new_token_ids:
+            s.num_out += len(out.new_token_ids)
+            if s.first_token is None:
+                s.first_token = time.monotonic()
+        if out.finished and out.finish_reason in ("stop", "length"):
+            self.metrics.observe_request(*s.timings())
         if out.error:
             self._fail(s.sender, out.error, pb_utils.TritonError.INTERNAL)
             return
@@ -156,12 +187,17 @@ class TritonPythonModel:
                                      out.num_output_tokens, int(out.request_id), True)
             s.sender.send(self._response(arrays), flags=FINAL)
 
-    def _watch_cancellations(self):
+    def _watch(self):
+        """Aborts requests whose client cancelled; publishes engine metrics about every 0.5 s."""
+        last_publish = 0.0
         while not self.closing.wait(self.cancel_period):
             with self.lock:
                 cancelled = [rid for rid, s in self.streams.items() if s.sender.is_cancelled()]
             for rid in cancelled:
                 self.runner.abort(rid)
+            if time.monotonic() - last_publish >= 0.5:
+                last_publish = time.monotonic()
+                self.metrics.publish(self.engine.stats, *self.engine.load())
 
     def finalize(self):
         self.closing.set()

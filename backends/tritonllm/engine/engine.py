@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -27,6 +28,18 @@ def _available_memory(device: torch.device) -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 4 << 30
+
+
+@dataclass
+class EngineStats:
+    """Monotonic counters since start (read by the metrics exporter; written by the engine thread)."""
+
+    prompt_tokens: int = 0          # prompt tokens of admitted requests
+    generation_tokens: int = 0      # visible generated tokens
+    preemptions: int = 0
+    busy_seconds: float = 0.0       # wall time spent inside step()
+    prefix_hit_tokens: int = 0      # prompt tokens whose KV came from the prefix cache
+    prefix_query_tokens: int = 0    # prompt tokens looked up in the prefix cache
 
 
 class LLMEngine:
@@ -55,7 +68,7 @@ class LLMEngine:
                           self.model.dtype, self.model.device)
         self.scheduler = Scheduler(self.config, self.pool)
         self.requests: dict[str, Request] = {}
-        self.num_preemptions = 0
+        self.stats = EngineStats()
         self._arange = torch.arange(bs, device=self.model.device)
 
     # ---- admission -------------------------------------------------------------------------------
@@ -113,6 +126,7 @@ class LLMEngine:
         req = Request(request_id, list(prompt_ids), params, time.monotonic(), generator=gen)
         self.requests[request_id] = req
         self.scheduler.add(req)
+        self.stats.prompt_tokens += len(req.prompt_ids)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)
@@ -126,13 +140,29 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     @property
+    def num_preemptions(self) -> int:
+        return self.stats.preemptions
+
+    def load(self) -> tuple[int, int, float]:
+        """(running, waiting, KV usage ratio); approximate when read from another thread."""
+        used = 1.0 - self.pool.num_free / self.pool.num_blocks
+        return len(self.scheduler.running), len(self.scheduler.waiting), used
+
+    @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
     # ---- one iteration ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        t0 = time.monotonic()
+        try:
+            return self._step()
+        finally:
+            self.stats.busy_seconds += time.monotonic() - t0
+
+    def _step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
-        self.num_preemptions += len(sched.preempted)
+        self.stats.preemptions += len(sched.preempted)
         if not sched.items:
             return []
         sampling, rows, meta, ids, pos = self._prepare(sched.items)
@@ -226,6 +256,7 @@ class LLMEngine:
             visible -= self._stop_holdback(req)
         new = req.output_ids[req.num_emitted:visible]
         new_lp = req.logprobs[req.num_emitted:visible]
+        self.stats.generation_tokens += max(visible - req.num_emitted, 0)
         req.num_emitted = max(req.num_emitted, visible)
         req.cum_logprob += sum(new_lp)
         if reason is not None:
