@@ -169,6 +169,7 @@ def engine_config_from_parameters(p: dict[str, str]):
         max_num_seqs=get("max_num_sequences", int, 64),
         max_queue_size=get("max_queue_size", int, 1024),
         enable_chunked_prefill=get("enable_chunked_context", boolean, True),
+        enable_prefix_caching=get("enable_kv_cache_reuse", boolean, False),
         max_input_len=get("max_input_len", int),
         max_seq_len=get("max_seq_len", int),
         device=get("engine_device", str, "auto"),

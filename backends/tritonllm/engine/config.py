@@ -20,6 +20,7 @@ class EngineConfig:
     max_num_seqs: int = 64               # running batch bound
     max_queue_size: int = 1024           # waiting requests bound; beyond it add_request raises QueueFull
     enable_chunked_prefill: bool = True  # enable_chunked_context
+    enable_prefix_caching: bool = False  # enable_kv_cache_reuse
     max_input_len: int | None = None     # defaults to the checkpoint's context length
     max_seq_len: int | None = None       # prompt + output; defaults to the checkpoint's context length
     device: str = "auto"                 # auto | cpu | cuda[:N]

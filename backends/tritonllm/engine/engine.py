@@ -169,6 +169,10 @@ class LLMEngine:
         logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
         for req, n in sched.items:
             req.num_computed += n
+            if self.config.enable_prefix_caching:
+                self.scheduler.register_full_blocks(req)
+        self.stats.prefix_hit_tokens = self.scheduler.prefix_hits
+        self.stats.prefix_query_tokens = self.scheduler.prefix_queries
         tokens, lps = sample(logits, sampling, self._end_ids) if sampling else ([], [])
         outputs = []
         now = time.monotonic()

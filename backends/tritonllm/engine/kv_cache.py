@@ -5,11 +5,18 @@ Invariants (checked by tests):
 - ``num_free + sum(1 for referenced blocks) == num_blocks`` at all times;
 - a request's block table covers ceil(num_computed_tokens / block_size) blocks at least, and its token at
   position p lives in slot ``table[p // block_size] * block_size + p % block_size``.
+Prefix caching (``enable_kv_cache_reuse``): a full block whose KV is computed may be registered under the
+hash of its tokens chained with the hashes of all blocks before it. A released block keeps its hash while
+it sits in the free list, ordered least recently used first; allocation takes the LRU block and evicts its
+hash, and a prefix hit takes a cached block back out of the free list (ref count 0 -> 1) or shares it
+(ref count + 1). A block is in ``_cached`` iff ``_hash_of`` has it, and a hash maps to one block.
 """
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from collections import OrderedDict
 
+import numpy as np
 import torch
 
 
@@ -17,40 +24,71 @@ class NoFreeBlocks(RuntimeError):
     """Raised by BlockPool.allocate when fewer blocks are free than asked for; nothing is allocated."""
 
 
+def block_hash(parent: int | None, tokens) -> int:
+    """128-bit content hash of a block's tokens chained to its prefix (collisions would corrupt outputs,
+    so not Python's 64-bit hash)."""
+    data = np.asarray(tokens, dtype=np.int64).tobytes()
+    prefix = (parent or 0).to_bytes(16, "little")
+    return int.from_bytes(hashlib.blake2b(prefix + data, digest_size=16).digest(), "little")
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache must hold at least one block")
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._refs = [0] * num_blocks
+        self._cached: dict[int, int] = {}     # hash -> block
+        self._hash_of: dict[int, int] = {}    # block -> hash
 
     @property
     def num_free(self) -> int:
         return len(self._free)
 
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise NoFreeBlocks(f"asked for {n} blocks, {len(self._free)} free")
-        out = [self._free.popleft() for _ in range(n)]
-        for b in out:
+        out = []
+        for _ in range(n):
+            b, _ = self._free.popitem(last=False)
+            h = self._hash_of.pop(b, None)
+            if h is not None:
+                del self._cached[h]
             self._refs[b] = 1
+            out.append(b)
         return out
 
-    def ref(self, block: int) -> None:
-        self._refs[block] += 1
-
     def release(self, blocks: list[int]) -> None:
-        # Released in reverse so the tail of a sequence (least likely shared) is reused first.
+        # Released in reverse so a sequence's tail (least likely shared) is evicted first.
         for b in reversed(blocks):
             if self._refs[b] <= 0:
                 raise RuntimeError(f"double free of KV block {b}")
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                self._free.append(b)
+                self._free[b] = None
 
     def ref_count(self, block: int) -> int:
         return self._refs[block]
+
+    def lookup(self, h: int) -> int | None:
+        return self._cached.get(h)
+
+    def take(self, block: int) -> None:
+        """Adds a reference to a cached block (a prefix hit), taking it out of the free list if idle."""
+        if self._refs[block] == 0:
+            del self._free[block]
+        self._refs[block] += 1
+
+    def register(self, block: int, h: int) -> None:
+        """Publishes a full, computed block under its chained hash (first writer wins)."""
+        if h not in self._cached and block not in self._hash_of:
+            self._cached[h] = block
+            self._hash_of[block] = h
 
 
 class KVCache:

@@ -65,6 +65,7 @@ class Request:
     token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full computed blocks
     status: Status = Status.WAITING
     num_emitted: int = 0                 # generated tokens already reported (stop-word hold-back aware)
     logprobs: list[float] = field(default_factory=list)

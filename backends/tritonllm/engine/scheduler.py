@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .config import EngineConfig
-from .kv_cache import BlockPool, NoFreeBlocks
+from .kv_cache import BlockPool, NoFreeBlocks, block_hash
 from .request import Request, Status
 
 
@@ -29,6 +29,8 @@ class Scheduler:
         self.pool = pool
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.prefix_hits = 0      # prompt tokens reused from the prefix cache (first admissions)
+        self.prefix_queries = 0   # prompt tokens looked up
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -49,6 +51,33 @@ class Scheduler:
     def free(self, req: Request) -> None:
         self.pool.release(req.block_table)
         req.block_table = []
+        req.block_hashes = []
+
+    def _match_prefix(self, req: Request) -> int:
+        """Points a fresh request at cached blocks of its longest cached prefix; returns tokens reused.
+        At least the last token is always recomputed: its logits are needed."""
+        bs = self.config.block_size
+        parent = None
+        for i in range((len(req.token_ids) - 1) // bs):
+            h = block_hash(parent, req.token_ids[i * bs:(i + 1) * bs])
+            b = self.pool.lookup(h)
+            if b is None:
+                break
+            self.pool.take(b)
+            req.block_table.append(b)
+            req.block_hashes.append(h)
+            parent = h
+        req.num_computed = len(req.block_table) * bs
+        return req.num_computed
+
+    def register_full_blocks(self, req: Request) -> None:
+        """Publishes blocks that became full and computed (prefix caching on)."""
+        bs = self.config.block_size
+        while len(req.block_hashes) < req.num_computed // bs:
+            i = len(req.block_hashes)
+            h = block_hash(req.block_hashes[-1] if i else None, req.token_ids[i * bs:(i + 1) * bs])
+            self.pool.register(req.block_table[i], h)
+            req.block_hashes.append(h)
 
     def _preempt(self, req: Request) -> None:
         self.free(req)
@@ -82,13 +111,22 @@ class Scheduler:
         kept = scheduled_running + queue     # `queue` holds running requests the budget did not reach
         while self.waiting and budget > 0 and len(kept) < self.config.max_num_seqs and not preempted:
             req = self.waiting[0]
+            hit = -1
+            if self.config.enable_prefix_caching and req.num_computed == 0:
+                hit = self._match_prefix(req)
             remaining = len(req.token_ids) - req.num_computed
             if not self.config.enable_chunked_prefill and remaining > budget:
                 break
             n = min(remaining, budget)
             if not self._grow(req, req.num_computed + n):
+                if req.block_table:  # undo the prefix match: the request waits with nothing held
+                    self.free(req)
+                    req.num_computed = 0
                 break
             self.waiting.popleft()
+            if hit >= 0 and req.num_preemptions == 0:
+                self.prefix_hits += hit
+                self.prefix_queries += len(req.token_ids)
             req.status = Status.RUNNING
             items.append((req, n))
             kept.append(req)
