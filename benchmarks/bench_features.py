@@ -1,0 +1,120 @@
+"""Engine feature figures, each measured side by side in one process on the benchmark model:
+- prefix caching: time to first token of a request sharing a 1,024-token prefix, cold vs warm, hit rate;
+- token budget sweep: TTFT and time per output token vs max_num_tokens under a mixed load (plot).
+
+    python benchmarks/bench_features.py [--prefix-len 1024] [--budgets 64,128,256,512,1024]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "backends"), os.path.join(ROOT, "benchmarks")]
+
+from bench_model import build_bench_model  # noqa: E402
+from tritonllm.engine.config import EngineConfig  # noqa: E402
+from tritonllm.engine.engine import LLMEngine  # noqa: E402
+from tritonllm.engine.request import SamplingParams  # noqa: E402
+
+
+def ttft(engine: LLMEngine, rid: str, prompt: list[int]) -> float:
+    t = time.perf_counter()
+    engine.add_request(rid, prompt, SamplingParams(max_tokens=1, end_id=-1))
+    while engine.has_work():
+        engine.step()
+    return time.perf_counter() - t
+
+
+def prefix_figure(model_dir: str, prefix_len: int) -> dict:
+    rng = random.Random(0)
+    prefix = [rng.randrange(3, 32000) for _ in range(prefix_len)]
+    tails = [[rng.randrange(3, 32000) for _ in range(16)] for _ in range(3)]
+    engine = LLMEngine(model_dir, EngineConfig(max_kv_tokens=8192, max_num_tokens=2048,
+                                               enable_prefix_caching=True))
+    cold = ttft(engine, "cold", prefix + tails[0])
+    warm = min(ttft(engine, f"warm{i}", prefix + t) for i, t in enumerate(tails[1:]))
+    s = engine.stats
+    return {"prefix_len": prefix_len, "ttft_cold_s": cold, "ttft_warm_s": warm, "speedup": cold / warm,
+            "hit_rate": s.prefix_hit_tokens / s.prefix_query_tokens}
+
+
+def budget_sweep(model_dir: str, budgets: list[int], n_long: int = 2, n_short: int = 8) -> list[dict]:
+    """Long prompts (512) arrive while short requests decode: a larger budget prefills faster (TTFT)
+    but stalls running decodes longer per step (TPOT)."""
+    rng = random.Random(1)
+    longs = [[rng.randrange(3, 32000) for _ in range(512)] for _ in range(n_long)]
+    shorts = [[rng.randrange(3, 32000) for _ in range(16)] for _ in range(n_short)]
+    rows = []
+    for budget in budgets:
+        engine = LLMEngine(model_dir, EngineConfig(max_kv_tokens=16384, max_num_tokens=budget))
+        arrival, first, last, count = {}, {}, {}, {}
+        for i, p in enumerate(shorts):
+            arrival[f"s{i}"] = time.perf_counter()
+            engine.add_request(f"s{i}", p, SamplingParams(max_tokens=32, end_id=-1))
+        step = 0
+        while engine.has_work() or step < 4:
+            if step == 3:
+                for i, p in enumerate(longs):
+                    arrival[f"l{i}"] = time.perf_counter()
+                    engine.add_request(f"l{i}", p, SamplingParams(max_tokens=8, end_id=-1))
+            for out in engine.step():
+                now = time.perf_counter()
+                first.setdefault(out.request_id, now)
+                last[out.request_id] = now
+                count[out.request_id] = out.num_output_tokens
+            step += 1
+        ttft_long = sum(first[r] - arrival[r] for r in first if r[0] == "l") / n_long
+        tpot_short = sum((last[r] - first[r]) / max(count[r] - 1, 1) for r in first if r[0] == "s") / n_short
+        rows.append({"max_num_tokens": budget, "ttft_long_s": ttft_long, "tpot_short_s": tpot_short})
+        print(f"  budget {budget:5d}: TTFT(long) {ttft_long:.3f}s  TPOT(short) {1000 * tpot_short:.1f} ms",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix-len", type=int, default=1024)
+    ap.add_argument("--budgets", default="64,128,256,512,1024")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = build_bench_model(os.path.join(ROOT, "build", "models", "bench"))
+    pf = prefix_figure(model_dir, args.prefix_len)
+    print(f"prefix caching: TTFT cold {pf['ttft_cold_s']:.3f}s, warm {pf['ttft_warm_s']:.3f}s -> "
+          f"{pf['speedup']:.1f}x faster; prompt-token hit rate {100 * pf['hit_rate']:.0f}%")
+    print("token budget sweep (2 prompts of 512 arriving among 8 decoding requests):")
+    sweep = budget_sweep(model_dir, [int(b) for b in args.budgets.split(",")])
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "features.json"), "w") as f:
+        json.dump({"prefix_cache": pf, "budget_sweep": sweep}, f, indent=1)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax1 = plt.subplots(figsize=(6, 4))
+    xs = [r["max_num_tokens"] for r in sweep]
+    ax1.plot(xs, [r["ttft_long_s"] for r in sweep], "o-", color="tab:blue", label="TTFT of 512-token prompts")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("max_num_tokens (per-step token budget)")
+    ax1.set_ylabel("TTFT (s)", color="tab:blue")
+    ax2 = ax1.twinx()
+    ax2.plot(xs, [1000 * r["tpot_short_s"] for r in sweep], "s-", color="tab:red", label="TPOT of decodes")
+    ax2.set_ylabel("time per output token (ms)", color="tab:red")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "budget_sweep.png"), dpi=120)
+    print(f"wrote {args.out}/features.json and budget_sweep.png")
+
+
+if __name__ == "__main__":
+    main()
