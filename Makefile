@@ -16,7 +16,7 @@ METRICS_PORT ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: all serve build test venv configs check-configs clean distclean
+.PHONY: all serve build test venv configs check-configs clean distclean bench
 
 all: build
 
@@ -66,3 +66,10 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) *.egg-info backends/*.egg-info
+
+# Engine benchmarks (not part of `make test`): ratios against HF transformers measured in the same run,
+# machine bounds measured on the spot, plots under build/bench/.
+bench: build
+	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	$(PY) benchmarks/bench_engine.py --triton
+	$(PY) benchmarks/bench_features.py
