@@ -109,7 +109,8 @@ def main() -> None:
                                                    max_num_tokens=2048, max_num_seqs=max(batches), dtype=dtype))
         weight_bytes = sum(t.numel() * t.element_size() for t in _weights(engine))
         bound = bounds["copy_GBps"] / 2 * 1e9 / weight_bytes  # weights are read once per decode step
-        row = {"dtype": dtype, "weight_MB": weight_bytes / 1e6, "bw_bound_tok_s": bound}
+        row = {"dtype": dtype, "weight_MB": weight_bytes / 1e6, "bw_bound_tok_s": bound,
+               "kv_bytes_per_token": engine.kv_bytes_per_token}
         log(f"{dtype}: engine batch-1 decode")
         row["ours_b1"] = decode_rate(lambda b, n: engine_run(engine, b, n), work[:1], args.new)
         for b in batches:
@@ -169,6 +170,12 @@ def report(results: dict, batches: list[int], out_dir: str) -> None:
                   + "".join(f" {r[f'triton_e2e_b{x}'] / r[f'ours_e2e_b{x}']:11.2f}x" for x in batches))
         print(f"{r['dtype']:9} {'bandwidth bound':18} {r['bw_bound_tok_s']:15.1f}   (ours at "
               f"{100 * r['ours_b1'] / r['bw_bound_tok_s']:.0f}% of it; weights {r['weight_MB']:.0f} MB)")
+        s = r["kv_bytes_per_token"]
+        print(f"{r['dtype']:9} KV bytes/token {s} (= 2 x layers x kv_heads x head_dim x dtype bytes)")
+    import resource
+
+    results["peak_rss_MB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this process: {results['peak_rss_MB']:.0f} MB (HF and our engine both loaded in turn)")
     with open(os.path.join(out_dir, "engine.json"), "w") as f:
         json.dump(results, f, indent=1)
     try:
