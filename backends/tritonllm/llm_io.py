@@ -170,6 +170,9 @@ def engine_config_from_parameters(p: dict[str, str]):
         max_queue_size=get("max_queue_size", int, 1024),
         enable_chunked_prefill=get("enable_chunked_context", boolean, True),
         enable_prefix_caching=get("enable_kv_cache_reuse", boolean, False),
+        max_draft_len=(get("max_draft_len", int, 0)
+                       if get("speculative_decoding_mode", str, "") == "prompt_lookup" else 0),
+        ngram_max=get("prompt_lookup_ngram", int, 3),
         max_input_len=get("max_input_len", int),
         max_seq_len=get("max_seq_len", int),
         device=get("engine_device", str, "auto"),

@@ -88,6 +88,8 @@ class LLMMetrics:
         self.m["llm_requests_running"].set(running)
         self.m["llm_requests_waiting"].set(waiting)
         self.m["llm_kv_cache_usage_ratio"].set(kv_usage)
+        if stats.draft_tokens:
+            self.m["llm_spec_decode_acceptance_ratio"].set(stats.accepted_draft_tokens / stats.draft_tokens)
         if stats.prefix_query_tokens:
             self.m["llm_prefix_cache_hit_ratio"].set(stats.prefix_hit_tokens / stats.prefix_query_tokens)
 

@@ -17,6 +17,7 @@ from .loader import load_model
 from .model import AttentionMeta, Transformer
 from .request import InvalidRequest, Request, RequestOutput, SamplingParams
 from .sampler import sample
+from .speculative import propose_ngram, verify_greedy
 from .scheduler import Scheduler
 
 
@@ -40,6 +41,8 @@ class EngineStats:
     busy_seconds: float = 0.0       # wall time spent inside step()
     prefix_hit_tokens: int = 0      # prompt tokens whose KV came from the prefix cache
     prefix_query_tokens: int = 0    # prompt tokens looked up in the prefix cache
+    draft_tokens: int = 0           # speculative tokens proposed
+    accepted_draft_tokens: int = 0  # of which accepted by the target model
 
 
 class LLMEngine:
@@ -161,19 +164,23 @@ class LLMEngine:
             self.stats.busy_seconds += time.monotonic() - t0
 
     def _step(self) -> list[RequestOutput]:
+        if self.config.max_draft_len:
+            self._propose_drafts()
         sched = self.scheduler.schedule()
         self.stats.preemptions += len(sched.preempted)
         if not sched.items:
             return []
         sampling, rows, meta, ids, pos = self._prepare(sched.items)
         logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
+        speculating = [req for req, _ in sched.items if req.draft]
         for req, n in sched.items:
-            req.num_computed += n
-            if self.config.enable_prefix_caching:
-                self.scheduler.register_full_blocks(req)
+            if not req.draft:
+                req.num_computed += n
+                self._register(req)
         self.stats.prefix_hit_tokens = self.scheduler.prefix_hits
         self.stats.prefix_query_tokens = self.scheduler.prefix_queries
-        tokens, lps = sample(logits, sampling, self._end_ids) if sampling else ([], [])
+        plain = len(sampling) - len(speculating)
+        tokens, lps = sample(logits[:plain], sampling[:plain], self._end_ids) if plain else ([], [])
         outputs = []
         now = time.monotonic()
         for req, tok, lp in zip(sampling, tokens, lps):
@@ -182,20 +189,63 @@ class LLMEngine:
             out = self._append(req, tok, lp)
             if out is not None:
                 outputs.append(out)
+        row = plain
+        for req in speculating:
+            k = len(req.draft)
+            outputs.extend(self._accept(req, logits[row:row + k + 1]))
+            row += k + 1
+        return outputs
+
+    def _register(self, req: Request) -> None:
+        if self.config.enable_prefix_caching and req.block_table:
+            self.scheduler.register_full_blocks(req)
+
+    def _propose_drafts(self) -> None:
+        for req in self.scheduler.running:
+            p = req.params
+            req.draft = []
+            if (req.num_computed != len(req.token_ids) - 1 or not p.greedy or p.needs_penalties
+                    or p.bad_words or req.num_output < p.min_tokens):
+                continue
+            room = min(self.config.max_draft_len, p.max_tokens - req.num_output - 1,
+                       self.max_seq_len - len(req.token_ids) - 1)
+            req.draft = propose_ngram(req.token_ids, room, self.config.ngram_max)
+
+    def _accept(self, req: Request, logits: torch.Tensor) -> list[RequestOutput]:
+        """Verifies a draft (greedy, lossless) and appends the accepted tokens one by one."""
+        draft, req.draft = req.draft, []
+        new, target = verify_greedy(logits, draft)
+        self.stats.draft_tokens += len(draft)
+        self.stats.accepted_draft_tokens += len(new) - 1
+        req.num_computed += len(new)        # the last token + accepted drafts now have valid KV
+        lps = [0.0] * len(new)
+        if req.params.return_log_probs:
+            lps = torch.log_softmax(logits[:len(new)], -1).gather(1, target[:, None]).squeeze(1).tolist()
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        outputs = []
+        for tok, lp in zip(new, lps):
+            out = self._append(req, tok, lp)
+            if out is not None:
+                outputs.append(out)
+                if out.finished:
+                    return outputs
+        self._register(req)
         return outputs
 
     def _prepare(self, items):
         dev = self.model.device
         bs = self.config.block_size
         ids, pos, slots = [], [], []
-        sampling, rows = [], []
+        sampling, rows, spec_rows = [], [], []
         decode_rows, decode_slots, decode_lens = [], [], []
         prefills = []
         window = self.spec.sliding_window
         for req, n in items:
             start = len(ids)
             p0 = req.num_computed
-            ids.extend(req.token_ids[p0:p0 + n])
+            seq = req.token_ids + req.draft if req.draft else req.token_ids
+            ids.extend(seq[p0:p0 + n])
             pos.extend(range(p0, p0 + n))
             table = torch.tensor(req.block_table, dtype=torch.long)
             all_slots = (table[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)[:p0 + n]
@@ -211,7 +261,9 @@ class LLMEngine:
                 if window:
                     mask &= kpos[None, :] > qpos[:, None] - window
                 prefills.append((start, n, all_slots.to(dev), mask.to(dev)))
-            if p0 + n == len(req.token_ids):
+            if req.draft:
+                spec_rows.extend(range(start + n - 1 - len(req.draft), start + n))
+            elif p0 + n == len(req.token_ids):
                 sampling.append(req)
                 rows.append(start + n - 1)
         meta = AttentionMeta(torch.cat(slots).to(dev), None, None, None, prefills)
@@ -228,6 +280,9 @@ class LLMEngine:
             meta.decode_rows = torch.tensor(decode_rows, device=dev)
             meta.decode_gather = gather.to(dev)
             meta.decode_mask = mask[:, None, None, :].to(dev)
+        # Drafting requests come last: logits rows are [plain samples..., (k+1) rows per draft...].
+        sampling += [req for req, _ in items if req.draft]
+        rows += spec_rows
         return (sampling, torch.tensor(rows, dtype=torch.long, device=dev), meta,
                 torch.tensor(ids, device=dev), torch.tensor(pos, device=dev))
 

@@ -75,6 +75,7 @@ class Request:
     first_token_time: float | None = None
     generator: torch.Generator | None = None
     stop_trim: int = 0                   # trailing generated tokens hidden because they form a stop word
+    draft: list[int] = field(default_factory=list)  # speculative tokens scored this step (not yet accepted)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

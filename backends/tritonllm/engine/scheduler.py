@@ -81,6 +81,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.free(req)
+        req.draft = []
         req.num_computed = 0
         req.num_preemptions += 1
         req.status = Status.WAITING
@@ -94,7 +95,9 @@ class Scheduler:
         queue = list(self.running)
         while queue and budget > 0:
             req = queue.pop(0)
-            n = min(len(req.token_ids) - req.num_computed, budget)
+            n = min(len(req.token_ids) + len(req.draft) - req.num_computed, budget)
+            if req.draft:  # a draft rides on a decode: trim it to the budget
+                req.draft = req.draft[:n - 1]
             while not self._grow(req, req.num_computed + n):
                 victim = queue.pop() if queue else None
                 if victim is None:

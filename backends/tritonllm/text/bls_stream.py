@@ -27,7 +27,6 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,30 +55,10 @@ LLM_MAP: dict[str, tuple[str, str]] = {
 _LLM_FORCED = {"streaming": np.array([[True]]), "exclude_input_in_output": np.array([[True]])}
 
 
-# Which client input each preprocessing output is made from (for naming inputs in error messages).
-_PRE_OUTPUT_SOURCE = {"INPUT_ID": "QUERY", "REQUEST_INPUT_LEN": "QUERY", "REQUEST_OUTPUT_LEN": "REQUEST_OUTPUT_LEN",
-                      "STOP_WORDS_IDS": "STOP_WORDS_DICT", "BAD_WORDS_IDS": "BAD_WORDS_DICT",
-                      "EMBEDDING_BIAS": "EMBEDDING_BIAS_WORDS", "OUT_END_ID": "END_ID", "OUT_PAD_ID": "PAD_ID"}
-
-
-def _rename_table() -> list[tuple[re.Pattern[str], str]]:
-    names = dict(PREPROCESSING_MAP)
-    for dst, (kind, src) in LLM_MAP.items():
-        names[dst] = src if kind == "client" else PREPROCESSING_MAP[_PRE_OUTPUT_SOURCE[src]]
-    names = {k: v for k, v in names.items() if k != v and k not in _LLM_FORCED}
-    # Longest first so that e.g. "runtime_top_p_min" is never half-rewritten.
-    return [(re.compile(rf"\b{re.escape(k)}\b"), v) for k, v in sorted(names.items(), key=lambda kv: -len(kv[0]))]
-
-
-_RENAMES = _rename_table()
-
-
 def client_message(message: str) -> str:
-    """An inner model's error message with its tensor names replaced by the client's input names
-    (QUERY -> text_input, request_output_len -> max_tokens, stop_words_list -> stop_words, ...)."""
-    for pattern, client in _RENAMES:
-        message = pattern.sub(client, message)
-    return message
+    """An inner model's error message in the client's input names (QUERY -> text_input,
+    request_output_len -> max_tokens, stop_words_list -> stop_words, ...): see contract.to_client_names."""
+    return C.to_client_names(message)
 
 
 @dataclass
