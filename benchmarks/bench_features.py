@@ -1,5 +1,6 @@
 """Engine feature figures, each measured side by side in one process on the benchmark model:
 - prefix caching: time to first token of a request sharing a 1,024-token prefix, cold vs warm, hit rate;
+- prompt-lookup speculative decoding: batch-1 decode tokens/s with and without drafts, acceptance rate;
 - token budget sweep: TTFT and time per output token vs max_num_tokens under a mixed load (plot).
 
     python benchmarks/bench_features.py [--prefix-len 1024] [--budgets 64,128,256,512,1024]
@@ -43,6 +44,30 @@ def prefix_figure(model_dir: str, prefix_len: int) -> dict:
     s = engine.stats
     return {"prefix_len": prefix_len, "ttft_cold_s": cold, "ttft_warm_s": warm, "speedup": cold / warm,
             "hit_rate": s.prefix_hit_tokens / s.prefix_query_tokens}
+
+
+def speculative_figure(model_dir: str, new: int = 128, k: int = 4) -> dict:
+    """Extractive workload: the prompt repeats a passage, so a faithful continuation copies it."""
+    rng = random.Random(2)
+    passage = [rng.randrange(3, 32000) for _ in range(64)]
+    prompt = passage * 4 + passage[:8]
+    rates = {}
+    for name, draft in (("off", 0), ("on", k)):
+        engine = LLMEngine(model_dir, EngineConfig(max_kv_tokens=4096, max_draft_len=draft))
+        engine.add_request("w", prompt, SamplingParams(max_tokens=2, end_id=-1))
+        while engine.has_work():
+            engine.step()
+        engine.add_request("x", prompt, SamplingParams(max_tokens=new, end_id=-1))
+        engine.step()                                   # prefill + first token
+        t, n = time.perf_counter(), 0
+        while engine.has_work():
+            n += sum(len(o.new_token_ids) for o in engine.step())
+        rates[name] = n / (time.perf_counter() - t)
+        if draft:
+            s = engine.stats
+            rates["acceptance"] = s.accepted_draft_tokens / max(s.draft_tokens, 1)
+    return {"decode_tok_s_off": rates["off"], "decode_tok_s_on": rates["on"],
+            "speedup": rates["on"] / rates["off"], "acceptance": rates["acceptance"], "max_draft_len": k}
 
 
 def budget_sweep(model_dir: str, budgets: list[int], n_long: int = 2, n_short: int = 8) -> list[dict]:
@@ -90,11 +115,15 @@ def main() -> None:
     pf = prefix_figure(model_dir, args.prefix_len)
     print(f"prefix caching: TTFT cold {pf['ttft_cold_s']:.3f}s, warm {pf['ttft_warm_s']:.3f}s -> "
           f"{pf['speedup']:.1f}x faster; prompt-token hit rate {100 * pf['hit_rate']:.0f}%")
+    sp = speculative_figure(model_dir)
+    print(f"prompt-lookup speculative decoding (k={sp['max_draft_len']}, extractive prompt): decode "
+          f"{sp['decode_tok_s_off']:.1f} -> {sp['decode_tok_s_on']:.1f} tok/s = {sp['speedup']:.2f}x; "
+          f"acceptance {100 * sp['acceptance']:.0f}%")
     print("token budget sweep (2 prompts of 512 arriving among 8 decoding requests):")
     sweep = budget_sweep(model_dir, [int(b) for b in args.budgets.split(",")])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "features.json"), "w") as f:
-        json.dump({"prefix_cache": pf, "budget_sweep": sweep}, f, indent=1)
+        json.dump({"prefix_cache": pf, "speculative": sp, "budget_sweep": sweep}, f, indent=1)
     try:
         import matplotlib
 
