@@ -35,12 +35,17 @@ class _TritonLogHandler(logging.Handler):
         (pb_utils.Logger.log_error if record.levelno >= logging.ERROR else pb_utils.Logger.log_warn)(msg)
 
 
+_FAMILIES = []  # a MetricFamily must outlive its Metrics: once collected, Triton rejects every update
+
+
 def _metric_family(name, description, kind):
     kinds = {COUNTER: pb_utils.MetricFamily.COUNTER, GAUGE: pb_utils.MetricFamily.GAUGE,
              HISTOGRAM: getattr(pb_utils.MetricFamily, "HISTOGRAM", None)}
     if kinds[kind] is None:
         return None  # no native histograms in this Triton: LLMMetrics builds them from counters
-    return pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind]).Metric
+    family = pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind])
+    _FAMILIES.append(family)
+    return family.Metric
 
 
 class _Stream:
@@ -82,6 +87,9 @@ class TritonPythonModel:
         if not os.path.isabs(model_path):
             model_path = os.path.normpath(os.path.join(args["model_repository"], model_path))
         engine_config, self.default_exclude_input = engine_config_from_parameters(params)
+        tokenizer_dir = params.get("tokenizer_dir", "")
+        if tokenizer_dir and not tokenizer_dir.startswith("${"):
+            engine_config.tokenizer_dir = os.path.normpath(os.path.join(args["model_repository"], tokenizer_dir))
         self.engine = LLMEngine(model_path, engine_config)
         self.cancel_period = float(params.get("cancellation_check_period_ms", "50") or 50) / 1000.0
         self.logger = pb_utils.Logger
@@ -108,7 +116,7 @@ class TritonPythonModel:
                              "frequency_penalty", "len_penalty", "seed", "streaming", "return_log_probs",
                              "exclude_input_in_output", "stop", "return_context_logits",
                              "return_generation_logits", "stop_words_list", "bad_words_list",
-                             "guided_decoding_guide_type"):
+                             "guided_decoding_guide_type", "guided_decoding_guide"):
                     t = pb_utils.get_input_tensor_by_name(request, name)
                     if t is not None:
                         arrays[name] = t.as_numpy()

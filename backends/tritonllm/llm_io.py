@@ -42,6 +42,19 @@ def _scalar(arrays: dict, name: str, default=None):
     return a.reshape(-1)[0].item()
 
 
+def _text(arrays: dict, name: str) -> str:
+    a = arrays.get(name)
+    if a is None or a.size == 0:
+        return ""
+    if a.size != 1:
+        raise InvalidRequest(f"{name} must hold exactly one string, got shape {list(a.shape)}")
+    v = a.reshape(-1)[0]
+    try:
+        return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"{name} is not valid UTF-8") from e
+
+
 def _check_dtypes(arrays: dict) -> None:
     for name, arr in arrays.items():
         want = _EXPECTED_DTYPES.get(name)
@@ -94,9 +107,8 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
     for flag in ("return_context_logits", "return_generation_logits"):
         if _scalar(arrays, flag, False):
             raise InvalidRequest(f"{flag} is not supported by this engine")
-    guide = arrays.get("guided_decoding_guide_type")
-    if guide is not None and guide.size and guide.reshape(-1)[0] not in (b"", ""):
-        raise InvalidRequest("guided_decoding_guide_type is not supported yet by this engine")
+    guide_type = _text(arrays, "guided_decoding_guide_type")
+    guide = (guide_type, _text(arrays, "guided_decoding_guide")) if guide_type else None
     seed = _scalar(arrays, "seed")
     params = SamplingParams(
         max_tokens=int(out_len),
@@ -112,6 +124,7 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
         stop_words=decode_word_list(arrays.get("stop_words_list"), "stop_words_list"),
         bad_words=decode_word_list(arrays.get("bad_words_list"), "bad_words_list"),
         return_log_probs=bool(_scalar(arrays, "return_log_probs", False)),
+        guide=guide,
     )
     return ParsedRequest(prompt, params, bool(_scalar(arrays, "streaming", False)),
                          bool(_scalar(arrays, "exclude_input_in_output", default_exclude_input)), stop)

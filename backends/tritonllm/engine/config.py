@@ -28,6 +28,7 @@ class EngineConfig:
     device: str = "auto"                 # auto | cpu | cuda[:N]
     dtype: str = "auto"                  # auto | float32 | bfloat16 | float16
     num_threads: int = 0                 # torch intra-op threads on CPU; 0 keeps torch's default
+    tokenizer_dir: str | None = None     # for guided decoding; defaults to the checkpoint directory
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 import time
 from dataclasses import dataclass
 
@@ -72,6 +73,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.pool)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
+        self._grammar = None
+        self._grammar_lock = threading.Lock()
+        self._model_dir = model_dir
         self._arange = torch.arange(bs, device=self.model.device)
 
     # ---- admission -------------------------------------------------------------------------------
@@ -120,13 +124,29 @@ class LLMEngine:
                 if not w or any(not 0 <= t < V for t in w):
                     raise InvalidRequest(f"{name} holds an empty word or ids outside the vocabulary")
 
+    def compile_guide(self, params: SamplingParams):
+        """Compiles the request's grammar (cached); raises InvalidRequest if it does not compile.
+        Safe to call from any thread."""
+        if params.guide is None:
+            return None
+        with self._grammar_lock:
+            if self._grammar is None:
+                from .grammar import GrammarBackend
+
+                self._grammar = GrammarBackend(self.config.tokenizer_dir or self._model_dir,
+                                               self.spec.vocab_size)
+        return self._grammar.compile(*params.guide)
+
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in flight")
         self.validate(prompt_ids, params)
+        compiled = self.compile_guide(params)
         gen = torch.Generator(device=self.model.device)
         gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         req = Request(request_id, list(prompt_ids), params, time.monotonic(), generator=gen)
+        if compiled is not None:
+            req.matcher = self._grammar.matcher(compiled)
         self.requests[request_id] = req
         self.scheduler.add(req)
         self.stats.prompt_tokens += len(req.prompt_ids)
@@ -205,7 +225,7 @@ class LLMEngine:
             p = req.params
             req.draft = []
             if (req.num_computed != len(req.token_ids) - 1 or not p.greedy or p.needs_penalties
-                    or p.bad_words or req.num_output < p.min_tokens):
+                    or p.bad_words or req.num_output < p.min_tokens or req.matcher is not None):
                 continue
             room = min(self.config.max_draft_len, p.max_tokens - req.num_output - 1,
                        self.max_seq_len - len(req.token_ids) - 1)
@@ -306,6 +326,8 @@ class LLMEngine:
                 if len(out) >= len(w) and out[-len(w):] == w and req.num_output >= p.min_tokens:
                     reason, req.stop_trim = "stop", len(w)
                     break
+            if reason is None and req.matcher is not None and req.matcher.terminated:
+                reason = "stop"
             if reason is None and req.num_output >= p.max_tokens:
                 reason = "length"
             if reason is None and len(req.token_ids) >= self.max_seq_len:

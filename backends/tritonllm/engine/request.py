@@ -37,6 +37,7 @@ class SamplingParams:
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
     return_log_probs: bool = False
+    guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
 
     @property
     def greedy(self) -> bool:
@@ -76,6 +77,7 @@ class Request:
     generator: torch.Generator | None = None
     stop_trim: int = 0                   # trailing generated tokens hidden because they form a stop word
     draft: list[int] = field(default_factory=list)  # speculative tokens scored this step (not yet accepted)
+    matcher: object | None = None        # grammar state when the request is guided
 
     def __post_init__(self) -> None:
         if not self.token_ids:

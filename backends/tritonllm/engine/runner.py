@@ -36,6 +36,7 @@ class EngineRunner:
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.engine.validate(prompt_ids, params)
+        self.engine.compile_guide(params)  # a grammar that does not compile fails here, at once
         with self._cv:
             if self._stop:
                 raise QueueFull("the engine is shutting down")

@@ -57,7 +57,7 @@ def sample(logits: torch.Tensor, reqs: list[Request], end_ids_of) -> tuple[list[
     logprobs: list[float] = [0.0] * len(reqs)
     want_lp = any(r.params.return_log_probs for r in reqs)
     plain = [i for i, r in enumerate(reqs) if r.params.greedy and not r.params.needs_penalties
-             and not r.params.bad_words and r.num_output >= r.params.min_tokens]
+             and not r.params.bad_words and r.num_output >= r.params.min_tokens and r.matcher is None]
     if plain:
         rows = logits[plain]
         ids = rows.argmax(-1)
@@ -71,6 +71,8 @@ def sample(logits: torch.Tensor, reqs: list[Request], end_ids_of) -> tuple[list[
         if i in done:
             continue
         row = logits[i].clone()
+        if req.matcher is not None:
+            req.matcher.mask(row)
         apply_processors(row, req, end_ids_of(req))
         if req.params.greedy:
             tok = int(row.argmax())
@@ -79,6 +81,8 @@ def sample(logits: torch.Tensor, reqs: list[Request], end_ids_of) -> tuple[list[
             scaled = row / req.params.temperature
             tok = _sample_row(scaled, req)
         tokens[i] = tok
+        if req.matcher is not None:
+            req.matcher.accept(tok)
         if req.params.return_log_probs:
             logprobs[i] = float(torch.log_softmax(scaled, -1)[tok])
     return tokens, logprobs
