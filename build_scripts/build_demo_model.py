@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_corpus  # noqa: E402  (sibling helper; build_scripts is not a package)
 
 STAMP = ".build_stamp"
+FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+         "tokenizer_config.json", "special_tokens_map.json")
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "build" / "models" / "demo"
 # Ids are fixed by the order here (trainer puts special tokens first): engine tests may rely on them.
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -85,8 +87,10 @@ def _stamp_for(args: BuildArgs) -> str:
 
 
 def is_up_to_date(out_dir: Path, args: BuildArgs) -> bool:
-    stamp = Path(out_dir) / STAMP
-    return stamp.is_file() and stamp.read_text().strip() == _stamp_for(args)
+    """The stamp matches these args and sources, and every checkpoint file is there."""
+    out = Path(out_dir)
+    return (out / STAMP).is_file() and (out / STAMP).read_text().strip() == _stamp_for(args) \
+        and all((out / name).is_file() for name in FILES)
 
 
 def _log(msg: str) -> None:
