@@ -78,7 +78,9 @@ class TritonPythonModel:
         self.jobs: set[_Job] = set()
         self.lock = threading.Lock()
         self.ids = itertools.count()
-        self.id_prefix = f"bls-{os.getpid()}-{args.get('model_instance_name', '')}-"
+        # Inner request ids: unique across instances (each is its own process) and numeric, because
+        # NVIDIA's tensorrtllm backend (GPU profile) reads request ids as integers for `stop`.
+        self.id_base = (os.getpid() & 0xFFFFFF) << 32
         self.closing = threading.Event()
         self.watcher = threading.Thread(target=self._watch_cancellations, daemon=True)
         self.watcher.start()
@@ -91,7 +93,7 @@ class TritonPythonModel:
                 t = pb_utils.get_input_tensor_by_name(request, name)
                 if t is not None:
                     arrays[name] = t.as_numpy()
-            job = _Job(sender, f"{self.id_prefix}{next(self.ids)}")
+            job = _Job(sender, str(self.id_base + next(self.ids)))
             with self.lock:
                 self.jobs.add(job)
             self.pool.submit(self._run, job, arrays)
@@ -113,8 +115,8 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"tensorrt_llm_bls: {e!r}")
             self._fail(job, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
         finally:
-            with self.lock:
-                self.jobs.discard(job)
+            self._finish(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "tensorrt_llm_bls: request ended without a response", pb_utils.TritonError.INTERNAL)))
 
     def _preprocess(self, req):
         inputs = [pb_utils.Tensor(k, v) for k, v in B.preprocessing_inputs(req).items()]
@@ -129,7 +131,7 @@ class TritonPythonModel:
         responses = pb_utils.InferenceRequest(
             model_name=self.llm_model, requested_output_names=list(B.LLM_OUTPUTS), inputs=inputs,
             request_id=job.inner_id).exec(decoupled=True)
-        done = False
+        done, error = False, None
         for resp in responses:  # always iterated to the end: nothing may stay pending
             if done:
                 continue
@@ -139,7 +141,8 @@ class TritonPythonModel:
                 done = True
                 continue
             if resp.has_error():
-                raise self._inner_error(resp.error())
+                error, done = self._inner_error(resp.error()), True
+                continue
             tensors = resp.output_tensors()
             if not tensors:  # the flag-only final response
                 continue
@@ -150,6 +153,8 @@ class TritonPythonModel:
                 self._send_final(job, req, gen.finish())
                 done = True
                 self._stop_engine(job)
+        if error is not None:
+            raise error
         if not done:
             if job.cancelled:
                 self._fail(job, "request cancelled", pb_utils.TritonError.CANCELLED)
@@ -172,26 +177,36 @@ class TritonPythonModel:
 
     def _send_final(self, job, req, chunk):
         # A streamed stream ends without an empty event when there is nothing left to say.
-        if req.stream and chunk.empty and not job.answered:
-            job.answered = True
-            job.sender.send(flags=FINAL)
+        if req.stream and chunk.empty:
+            self._finish(job, None)
         else:
             self._send(job, chunk, FINAL)
 
     def _send(self, job, chunk, flags):
-        if job.answered:
-            return
-        job.answered = flags == FINAL
         arrays = chunk.arrays()
-        tensors = [pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names]
-        job.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
+        response = pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
+        if flags == FINAL:
+            self._finish(job, response)
+        elif not job.answered:
+            job.sender.send(response, flags=flags)
 
-    @staticmethod
-    def _fail(job, message, code):
-        if job.answered:
-            return
-        job.answered = True
-        job.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
+    def _fail(self, job, message, code):
+        self._finish(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)))
+
+    def _finish(self, job, response):
+        """Send the final response (None: flag only), once. Under the lock shared with the watcher:
+        Triton frees the response factory after the final flag, and `is_cancelled()` on a freed
+        factory crashes the server (seen on 2.51: SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled)."""
+        with self.lock:
+            if job.answered:
+                return
+            job.answered = True
+            self.jobs.discard(job)
+            if response is None:
+                job.sender.send(flags=FINAL)
+            else:
+                job.sender.send(response, flags=FINAL)
 
     @staticmethod
     def _inner_error(error):
@@ -202,14 +217,10 @@ class TritonPythonModel:
     def _watch_cancellations(self):
         # Flags only: the worker that owns the job stops the engine request on its next response.
         while not self.closing.wait(WATCH_PERIOD_S):
-            with self.lock:
-                jobs = [j for j in self.jobs if not j.cancelled]
-            for job in jobs:
-                try:
-                    if job.sender.is_cancelled():
+            with self.lock:  # see _finish: never ask a sender that has sent its final response
+                for job in self.jobs:
+                    if not job.cancelled and not job.answered and job.sender.is_cancelled():
                         job.cancelled = True
-                except Exception:  # the sender may be gone once the job finished
-                    pass
 
     def finalize(self):
         self.closing.set()

@@ -19,6 +19,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.contract import with_client_names
 from tritonllm.paths import model_dir_from_args, resolve_param_path
 from tritonllm.text.preprocess import preprocess
 from tritonllm.text.tokenizer import TextTokenizer, chat_mode_from_params, parse_bool
@@ -54,8 +55,9 @@ class TritonPythonModel:
             arrays = preprocess(self.tokenizer, inputs, in_context_words=self.in_context)
             return pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(n, arrays[n]) for n in self.output_names if n in arrays])
-        except ValueError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        except ValueError as e:  # named as the ensemble's client knows them too: "QUERY (text_input): ..."
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(with_client_names(str(e)), pb_utils.TritonError.INVALID_ARG))
         except Exception as e:  # keep the other requests of the batch alive
             pb_utils.Logger.log_error(f"preprocessing failed: {e!r}")
             return pb_utils.InferenceResponse(

@@ -35,17 +35,12 @@ class _TritonLogHandler(logging.Handler):
         (pb_utils.Logger.log_error if record.levelno >= logging.ERROR else pb_utils.Logger.log_warn)(msg)
 
 
-_FAMILIES = []  # a MetricFamily must outlive its Metrics: once collected, Triton rejects every update
-
-
 def _metric_family(name, description, kind):
     kinds = {COUNTER: pb_utils.MetricFamily.COUNTER, GAUGE: pb_utils.MetricFamily.GAUGE,
              HISTOGRAM: getattr(pb_utils.MetricFamily, "HISTOGRAM", None)}
     if kinds[kind] is None:
         return None  # no native histograms in this Triton: LLMMetrics builds them from counters
-    family = pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind])
-    _FAMILIES.append(family)
-    return family.Metric
+    return pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind]).Metric
 
 
 class _Stream:

@@ -186,6 +186,8 @@ def engine_config_from_parameters(p: dict[str, str]):
         max_draft_len=(get("max_draft_len", int, 0)
                        if get("speculative_decoding_mode", str, "") == "prompt_lookup" else 0),
         ngram_max=get("prompt_lookup_ngram", int, 3),
+        quantization=get("quantization", str, "none"),
+        kv_cache_dtype=get("kv_cache_dtype", str, "auto"),
         max_input_len=get("max_input_len", int),
         max_seq_len=get("max_seq_len", int),
         device=get("engine_device", str, "auto"),

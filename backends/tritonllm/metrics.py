@@ -36,10 +36,13 @@ class CounterHistogram:
 
     def __init__(self, family, name: str, desc: str, labels: dict, buckets: list[float]) -> None:
         make_bucket = family(f"{name}_bucket", f"{desc} (cumulative buckets)", COUNTER)
+        make_sum = family(f"{name}_sum", f"{desc} (sum)", COUNTER)
+        make_count = family(f"{name}_count", f"{desc} (count)", COUNTER)
+        self._families = (make_bucket, make_sum, make_count)  # see LLMMetrics._families
         self.buckets = [(b, make_bucket(labels={**labels, "le": repr(float(b))})) for b in buckets]
         self.buckets.append((float("inf"), make_bucket(labels={**labels, "le": "+Inf"})))
-        self.sum = family(f"{name}_sum", f"{desc} (sum)", COUNTER)(labels=labels)
-        self.count = family(f"{name}_count", f"{desc} (count)", COUNTER)(labels=labels)
+        self.sum = make_sum(labels=labels)
+        self.count = make_count(labels=labels)
 
     def observe(self, value: float) -> None:
         for bound, metric in self.buckets:
@@ -60,8 +63,12 @@ class LLMMetrics:
         labels = {"model": model}
         self.cost_per_hour = cost_per_hour
         self.m = {}
+        # The constructors (bound to their families) are kept: Triton rejects updates of a metric whose
+        # MetricFamily was garbage-collected.
+        self._families = []
         for name, (kind, desc) in METRICS.items():
             make = family(name, desc, kind)
+            self._families.append(make)
             if kind == HISTOGRAM:
                 buckets = TTFT_BUCKETS if "first_token" in name else TPOT_BUCKETS
                 self.m[name] = (make(labels=labels, buckets=buckets) if make is not None

@@ -156,3 +156,15 @@ def test_inner_error_messages_use_client_names():
     assert B.client_message("runtime_top_p must be in [0, 1], got 2.0") == "top_p must be in [0, 1], got 2.0"
     assert B.client_message("stop_words_list holds an empty word") == "stop_words holds an empty word"
     assert B.client_message("streaming is fine; end_id 9 is outside") == "streaming is fine; end_id 9 is outside"
+
+
+def test_ensemble_errors_name_the_client_input_too():
+    from tritonllm import contract as C
+    msg = "input length 3 + request_output_len 9000 exceeds max_seq_len 2048"
+    annotated = C.with_client_names(msg)
+    assert annotated == "input length 3 + request_output_len (max_tokens) 9000 exceeds max_seq_len 2048"
+    assert C.with_client_names(annotated) == annotated  # idempotent
+    assert C.with_client_names("STOP_WORDS_DICT[1] is not valid UTF-8") == \
+        "STOP_WORDS_DICT[1] (stop_words[1]) is not valid UTF-8"
+    assert B.client_message(annotated) == B.client_message(msg) == "input length 3 + max_tokens 9000 exceeds max_seq_len 2048"
+    assert C.with_client_names("streaming and end_id are fine") == "streaming and end_id are fine"

@@ -29,6 +29,8 @@ class EngineConfig:
     dtype: str = "auto"                  # auto | float32 | bfloat16 | float16
     num_threads: int = 0                 # torch intra-op threads on CPU; 0 keeps torch's default
     tokenizer_dir: str | None = None     # for guided decoding; defaults to the checkpoint directory
+    quantization: str = "none"           # none | fp8 (weights: float8_e4m3fn, per-channel scales)
+    kv_cache_dtype: str = "auto"         # auto (= compute dtype) | fp8
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -39,5 +41,9 @@ class EngineConfig:
             raise ValueError("max_num_sequences must be >= 1")
         if self.max_queue_size < 0:
             raise ValueError("max_queue_size must be >= 0")
+        if self.quantization not in ("none", "fp8"):
+            raise ValueError(f"quantization must be none or fp8, got {self.quantization!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
         if not 0.0 < self.kv_mem_fraction <= 1.0:
             raise ValueError("kv_cache_free_gpu_mem_fraction must be in (0, 1]")

@@ -52,15 +52,17 @@ class LLMEngine:
         self.config = config or EngineConfig()
         if self.config.num_threads > 0:
             torch.set_num_threads(self.config.num_threads)
-        self.model = model or load_model(model_dir, self.config.device, self.config.dtype)
+        self.model = model or load_model(model_dir, self.config.device, self.config.dtype,
+                                         fp8_weights=self.config.quantization == "fp8")
         spec = self.model.spec
         self.spec = spec
         self.max_seq_len = min(self.config.max_seq_len or spec.max_position_embeddings,
                                spec.max_position_embeddings)
         self.max_input_len = min(self.config.max_input_len or self.max_seq_len, self.max_seq_len)
         bs = self.config.block_size
+        kv_dtype = torch.uint8 if self.config.kv_cache_dtype == "fp8" else self.model.dtype  # fp8 bits
         self.kv_bytes_per_token = KVCache.bytes_per_token(spec.num_layers, spec.num_kv_heads,
-                                                          spec.head_dim, self.model.dtype)
+                                                          spec.head_dim, kv_dtype)
         if self.config.max_kv_tokens:
             tokens = self.config.max_kv_tokens
         else:
@@ -69,7 +71,7 @@ class LLMEngine:
         num_blocks = max(tokens // bs, 1)
         self.pool = BlockPool(num_blocks)
         self.kv = KVCache(spec.num_layers, num_blocks, bs, spec.num_kv_heads, spec.head_dim,
-                          self.model.dtype, self.model.device)
+                          kv_dtype, self.model.device)
         self.scheduler = Scheduler(self.config, self.pool)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()

@@ -65,7 +65,8 @@ def load_weights(model_dir: str) -> dict[str, torch.Tensor]:
     return weights
 
 
-def load_model(model_dir: str, device: str = "auto", dtype: str = "auto") -> Transformer:
+def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
+               fp8_weights: bool = False) -> Transformer:
     spec = load_spec(model_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, spec, dev)
@@ -74,6 +75,10 @@ def load_model(model_dir: str, device: str = "auto", dtype: str = "auto") -> Tra
     if missing:
         raise ValueError(f"{model_dir}: safetensors lack {missing}")
     try:
-        return Transformer(spec, weights, dev, dt)
+        model = Transformer(spec, weights, dev, dt, fp8_weights=fp8_weights)
     except KeyError as e:
         raise ValueError(f"{model_dir}: missing weight {e.args[0]}") from e
+    scales = [float(weights[k]) for k in weights if k.endswith(("self_attn.k_scale", "self_attn.v_scale"))]
+    if scales:  # FP8 checkpoints carry KV scales; one scale for all layers keeps the cache layout simple
+        model.kv_scale = max(scales)
+    return model

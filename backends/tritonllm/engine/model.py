@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .fp8 import FP8Weight, linear, load, store
 from .hf_config import ModelSpec, rope_inv_freq
 
 
@@ -69,8 +70,9 @@ class Transformer:
     """Weights + forward. Not an nn.Module: inference only, no autograd, no hooks."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, fp8_weights: bool = False) -> None:
         self.spec = spec
+        self.kv_scale = 1.0
         self.device = device
         self.dtype = dtype
         w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
@@ -81,6 +83,9 @@ class Transformer:
         for i in range(spec.num_layers):
             prefix = f"model.layers.{i}."
             self.layers.append(Layer({k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}, spec))
+            if fp8_weights:
+                for name in ("qkv", "o", "gate_up", "down"):
+                    setattr(self.layers[-1], name, FP8Weight(getattr(self.layers[-1], name)))
         inv_freq, self.rope_scale = rope_inv_freq(spec, device)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         self.q_size = spec.num_heads * spec.head_dim
@@ -104,7 +109,7 @@ class Transformer:
         T = input_ids.shape[0]
         for li, layer in enumerate(self.layers):
             x = rms_norm(h, layer.ln1, spec.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_b)
+            qkv = linear(x, layer.qkv, layer.qkv_b)
             q = qkv[:, :self.q_size].view(T, spec.num_heads, spec.head_dim)
             k = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, spec.num_kv_heads, spec.head_dim)
             v = qkv[:, self.q_size + self.kv_size:].view(T, spec.num_kv_heads, spec.head_dim)
@@ -113,14 +118,14 @@ class Transformer:
                 k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            kv_k[li].index_copy_(0, meta.slot_mapping, k)
-            kv_v[li].index_copy_(0, meta.slot_mapping, v)
+            store(kv_k[li], meta.slot_mapping, k, self.kv_scale)
+            store(kv_v[li], meta.slot_mapping, v, self.kv_scale)
             attn = self._attention(q, kv_k[li], kv_v[li], meta)
-            h = h + F.linear(attn.reshape(T, self.q_size), layer.o, layer.o_b)
+            h = h + linear(attn.reshape(T, self.q_size), layer.o, layer.o_b)
             x = rms_norm(h, layer.ln2, spec.rms_norm_eps)
-            gu = F.linear(x, layer.gate_up, layer.gate_up_b)
+            gu = linear(x, layer.gate_up, layer.gate_up_b)
             inter = gu.shape[-1] // 2
-            h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.down, layer.down_b)
+            h = h + linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.down, layer.down_b)
         h = rms_norm(h.index_select(0, logits_rows), self.norm, spec.rms_norm_eps)
         return F.linear(h, self.lm_head).float()
 
@@ -131,15 +136,16 @@ class Transformer:
             b, kmax = meta.decode_gather.shape
             flat = meta.decode_gather.reshape(-1)
             qd = q.index_select(0, meta.decode_rows).unsqueeze(2)          # [B, H, 1, D]
-            kd = k_cache.index_select(0, flat).view(b, kmax, *k_cache.shape[1:]).permute(0, 2, 1, 3)
-            vd = v_cache.index_select(0, flat).view(b, kmax, *v_cache.shape[1:]).permute(0, 2, 1, 3)
+            shape = (b, kmax, *k_cache.shape[1:])
+            kd = load(k_cache, flat, q.dtype, self.kv_scale).view(shape).permute(0, 2, 1, 3)
+            vd = load(v_cache, flat, q.dtype, self.kv_scale).view(shape).permute(0, 2, 1, 3)
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
                                                 scale=self.scale, enable_gqa=True)
             out.index_copy_(0, meta.decode_rows, od.squeeze(2))
         for start, n, gather, mask in meta.prefills:
             qp = q[start:start + n].transpose(0, 1).unsqueeze(0)           # [1, H, n, D]
-            kp = k_cache.index_select(0, gather).transpose(0, 1).unsqueeze(0)  # [1, KVH, K, D]
-            vp = v_cache.index_select(0, gather).transpose(0, 1).unsqueeze(0)
+            kp = load(k_cache, gather, q.dtype, self.kv_scale).transpose(0, 1).unsqueeze(0)  # [1,KVH,K,D]
+            vp = load(v_cache, gather, q.dtype, self.kv_scale).transpose(0, 1).unsqueeze(0)
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale,
                                                 enable_gqa=True)
             out[start:start + n] = op.squeeze(0).transpose(0, 1)

@@ -1,0 +1,177 @@
+"""The OpenAI-compatible server (clients/openai_server) in front of the real tritonserver, driven by the
+official `openai` SDK: completions, chat completions, streaming (concatenated deltas == the non-streamed
+text under greedy decoding), usage, stop strings, logprobs, seeds, structured output (json_schema) and
+errors mapped to HTTP statuses.
+
+The server runs as a subprocess (``python -m clients.openai_server``) on a free port, pointed at the
+``triton_server`` fixture's gRPC port, exactly as ``make openai`` runs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from tritonllm.serving.launcher import find_free_ports  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER_DIR = ROOT / "build" / "models" / "demo"
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def openai_url(triton_server):
+    (port,) = find_free_ports(1)
+    log_path = ROOT / "build" / "logs" / f"pytest-openai-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
+             "--triton-url", triton_server.grpc_url, "--tokenizer-dir", str(TOKENIZER_DIR), "--log-level", "warning"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"OpenAI server did not start:\n{log_path.read_text()[-3000:]}", pytrace=False)
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(openai_url):
+    return openai.OpenAI(base_url=f"{openai_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def greedy(client):
+    """A greedy completion of PROMPT, the reference the other tests compare against."""
+    return client.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=24, temperature=0)
+
+
+def test_models_lists_the_served_name_and_the_triton_models(client):
+    ids = {m.id for m in client.models.list().data}
+    assert {"tritonllm", "tensorrt_llm_bls", "ensemble"} <= ids
+
+
+def test_completion_text_and_usage(greedy, tokenizer):
+    choice = greedy.choices[0]
+    assert choice.text.strip()
+    # Engine counts: the prompt as the served tokenizer encodes it (with BOS); 24 tokens unless EOS came first.
+    assert greedy.usage.prompt_tokens == len(tokenizer(PROMPT).input_ids)
+    assert 0 < greedy.usage.completion_tokens <= 24
+    assert greedy.usage.total_tokens == greedy.usage.prompt_tokens + greedy.usage.completion_tokens
+    assert choice.finish_reason == ("length" if greedy.usage.completion_tokens == 24 else "stop")
+
+
+def test_streamed_completion_equals_non_streamed(client, greedy):
+    stream = client.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=24, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    deltas, usage, finish = [], None, None
+    for event in stream:
+        if event.choices:
+            deltas.append(event.choices[0].text)
+            finish = event.choices[0].finish_reason or finish
+        if event.usage:
+            usage = event.usage
+    assert len([d for d in deltas if d]) > 1, "expected several streamed deltas"
+    assert "".join(deltas) == greedy.choices[0].text
+    assert usage.model_dump() == greedy.usage.model_dump()
+    assert finish == greedy.choices[0].finish_reason
+
+
+def test_ensemble_is_addressable_and_agrees_with_the_bls(client, greedy):
+    r = client.completions.create(model="ensemble", prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text == greedy.choices[0].text
+
+
+def test_chat_completion_streamed_equals_non_streamed(client, tokenizer):
+    messages = [{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "A short one, please."}]
+    full = client.chat.completions.create(model="tritonllm", messages=messages, max_tokens=20, temperature=0)
+    msg = full.choices[0].message
+    assert msg.role == "assistant" and msg.content
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    expected = tokenizer(rendered, add_special_tokens=False).input_ids
+    assert full.usage.prompt_tokens in (len(expected), len(expected) + 1)  # + the BOS preprocessing may add
+    events = list(client.chat.completions.create(model="tritonllm", messages=messages, max_tokens=20,
+                                                 temperature=0, stream=True))
+    assert events[0].choices[0].delta.role == "assistant"
+    assert "".join(e.choices[0].delta.content or "" for e in events) == msg.content
+    assert events[-1].choices[0].finish_reason == full.choices[0].finish_reason
+
+
+def test_stop_string_cuts_the_text(client, greedy):
+    text = greedy.choices[0].text
+    # A stop string that starts at a word boundary (" word"), after the first word.
+    i = text.index(" ", 2)
+    stop = text[i:i + 4]
+    assert stop.strip(), text
+    r = client.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].text == text[:text.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_one_per_generated_token(client, greedy):
+    r = client.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == greedy.choices[0].text
+    assert len(lp.token_logprobs) == r.usage.completion_tokens
+    assert all(x <= 0.0 for x in lp.token_logprobs)
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kwargs = dict(model="tritonllm", prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.95, seed=1234)
+    a, b = client.completions.create(**kwargs), client.completions.create(**kwargs)
+    assert a.choices[0].text == b.choices[0].text
+
+
+def test_structured_output_follows_the_json_schema(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    r = client.chat.completions.create(
+        model="tritonllm", messages=[{"role": "user", "content": "Name?"}], max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content)["name"], str)
+
+
+def test_errors_map_to_http_statuses(client):
+    bad = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "no-such-type"}}}
+    with pytest.raises(openai.BadRequestError) as e:  # the engine answers INVALID_ARG: the schema does not compile
+        client.chat.completions.create(model="tritonllm", messages=[{"role": "user", "content": "Name?"}],
+                                       max_tokens=8, response_format=bad)
+    assert "json_schema" in str(e.value)
+    with pytest.raises(openai.BadRequestError):  # streaming too: the error comes before the first event
+        client.chat.completions.create(model="tritonllm", messages=[{"role": "user", "content": "Name?"}],
+                                       max_tokens=8, stream=True, response_format=bad)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=4, n=2)

@@ -1,0 +1,90 @@
+"""clients/openai_server: OpenAI requests -> the text models' inputs, and Triton errors -> HTTP statuses."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+pytest.importorskip("fastapi")
+
+from clients.openai_server.protocol import ApiError, ChatCompletionRequest, CompletionRequest  # noqa: E402
+from clients.openai_server.responses import Outcome, TextTools  # noqa: E402
+from clients.openai_server.triton import status_for  # noqa: E402
+from clients.triton_llm import Chunk  # noqa: E402
+
+
+def test_openai_defaults_sample_the_full_distribution():
+    # TensorRT-LLM decodes greedily without top_k/top_p; OpenAI's defaults (T=1, top_p=1) must not.
+    req = CompletionRequest(model="m", prompt="hi")
+    arrays = req.generation_params(16, False).arrays("hi", stream=False)
+    assert arrays["temperature"][0].tolist() == [[1.0]] and arrays["top_p"][0].tolist() == [[1.0]]
+    assert arrays["max_tokens"][0].dtype == np.int32 and arrays["max_tokens"][0].shape == (1, 1)
+    assert "return_log_probs" not in arrays and "stop_words" not in arrays
+
+
+def test_options_become_ensemble_inputs():
+    req = CompletionRequest(model="m", prompt="hi", stop=["\n", "END"], seed=7, temperature=0,
+                            presence_penalty=0.5, top_k=3, min_tokens=2, repetition_penalty=1.1)
+    arrays = req.generation_params(8, True).arrays("hi", stream=True)
+    assert arrays["stop_words"][0].tolist() == [[b"\n", b"END"]] and arrays["stop_words"][1] == "BYTES"
+    assert arrays["seed"][0].dtype == np.uint64 and arrays["seed"][0].item() == 7
+    assert arrays["temperature"][0].item() == 0.0 and arrays["top_k"][0].item() == 3
+    assert arrays["return_log_probs"][0].item() is True and arrays["stream"][0].item() is True
+    assert arrays["min_tokens"][0].item() == 2 and arrays["presence_penalty"][0].item() == 0.5
+
+
+def test_response_format_json_schema_is_a_guided_decoding_guide():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
+                                response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    guide = req.response_format.guide()
+    assert guide[0] == "json_schema" and json.loads(guide[1]) == schema
+    arrays = req.generation_params(4, False, guide).arrays("x", stream=False)
+    assert arrays["guided_decoding_guide_type"][0].item() == b"json_schema"
+    with pytest.raises(ApiError) as e:
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
+                              response_format={"type": "json_schema", "json_schema": {"name": "n"}}).response_format.guide()
+    assert e.value.status == 400
+
+
+def test_unsupported_options_are_refused_not_ignored():
+    with pytest.raises(ApiError, match="n=1"):
+        CompletionRequest(model="m", prompt="x", n=2).check_supported()
+    with pytest.raises(ApiError, match="logit_bias"):
+        CompletionRequest(model="m", prompt="x", logit_bias={"1": 2.0}).check_supported()
+    with pytest.raises(ApiError, match="single prompt"):
+        CompletionRequest(model="m", prompt=["a", "b"], stream=True).prompts()
+    msg = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "image_url"}]}])
+    with pytest.raises(ApiError, match="image_url"):
+        msg.chat_messages()
+
+
+@pytest.mark.parametrize("message,grpc_status,status", [
+    ("in ensemble 'ensemble', guided_decoding_guide_type is not supported yet by this engine", None, 400),
+    ("input length 2 + max_tokens 100000 exceeds max_seq_len 2048", None, 400),
+    ("257 requests in flight; queue limit reached", None, 503),
+    ("the engine is shutting down", None, 503),
+    ("internal error: boom", None, 500),
+    ("Request for unknown model: 'x' is not found", None, 404),
+    ("failed to connect to all addresses", "StatusCode.UNAVAILABLE", 503),
+    ("Deadline Exceeded", "StatusCode.DEADLINE_EXCEEDED", 504),
+])
+def test_triton_errors_map_to_http_statuses(message, grpc_status, status):
+    assert status_for(message, grpc_status) == status
+
+
+def test_usage_and_finish_reason_from_the_engine_counts():
+    o = Outcome()
+    for c in (Chunk(" a", 5, 1, [-0.5]), Chunk(" b", 5, 2, [-0.25]), Chunk("", 5, 2, [])):
+        o.add(c)
+    assert o.text == " a b" and o.log_probs == [-0.5, -0.25]
+    assert o.usage(TextTools(None), "ignored") == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert o.finish_reason(2) == "length" and o.finish_reason(3) == "stop"
+    assert TextTools(None).tokens("abc", 2) == ["", ""]  # no tokenizer: token strings are not guessed
