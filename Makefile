@@ -73,3 +73,24 @@ bench: build
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/bench_engine.py --triton
 	$(PY) benchmarks/bench_features.py
+
+# ---- OpenAI-compatible API and the LLM serving benchmark (clients/, benchmarks/perf_llm.py)
+# `make openai` serves /v1 on OPENAI_PORT in front of a running tritonserver's gRPC port (GRPC_PORT,
+# default deployment.yaml's). `make perf` runs perf_analyzer + genai-perf; it starts its own tritonserver
+# on free ports unless PERF_ARGS="--url localhost:8001". genai-perf gets its own virtualenv: its
+# dependencies (pandas 3, numpy 2 unless pinned) must not reach the serving venv.
+OPENAI_PORT ?= 9000
+PERF_ARGS ?=
+GENAI_VENV ?= build/perf/genai-venv
+
+.PHONY: openai perf
+openai: build
+	$(PY) -m clients.openai_server --port $(OPENAI_PORT) $(if $(GRPC_PORT),--triton-url localhost:$(GRPC_PORT))
+
+$(GENAI_VENV)/bin/genai-perf:
+	$(PYTHON) -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/pip install --progress-bar off -q "genai-perf==0.0.16" "numpy<2"
+
+perf: build $(GENAI_VENV)/bin/genai-perf
+	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	$(PY) benchmarks/perf_llm.py --genai-venv $(GENAI_VENV) $(PERF_ARGS)

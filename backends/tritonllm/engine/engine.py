@@ -315,51 +315,35 @@ class LLMEngine:
         return frozenset() if e == -1 else frozenset((e,))
 
     def _append(self, req: Request, tok: int, lp: float) -> RequestOutput | None:
-        """Records a sampled token; returns the visible delta (None when nothing new is visible)."""
+        """Records a sampled token; returns the new delta, with the finish reason when it ends.
+
+        As in TensorRT-LLM, a matched stop word stays in the output (the text layer cuts stop strings
+        exactly, including a leading space that belongs to the text before the stop string); EOS does not.
+        """
         p = req.params
         reason = None
         if tok in self._end_ids(req) and req.num_output >= p.min_tokens:
-            reason = "stop"                    # EOS is not part of the visible output
+            reason = "stop"
         else:
             req.token_ids.append(tok)
             req.logprobs.append(lp)
             out = req.output_ids
-            for w in p.stop_words:
-                if len(out) >= len(w) and out[-len(w):] == w and req.num_output >= p.min_tokens:
-                    reason, req.stop_trim = "stop", len(w)
-                    break
-            if reason is None and req.matcher is not None and req.matcher.terminated:
+            stopped = any(len(out) >= len(w) and out[-len(w):] == w for w in p.stop_words)
+            if stopped and req.num_output >= p.min_tokens:
                 reason = "stop"
-            if reason is None and req.num_output >= p.max_tokens:
+            elif req.matcher is not None and req.matcher.terminated:
+                reason = "stop"
+            elif req.num_output >= p.max_tokens or len(req.token_ids) >= self.max_seq_len:
                 reason = "length"
-            if reason is None and len(req.token_ids) >= self.max_seq_len:
-                reason = "length"
-        visible = req.num_output - req.stop_trim
-        if reason is None:
-            visible -= self._stop_holdback(req)
-        new = req.output_ids[req.num_emitted:visible]
-        new_lp = req.logprobs[req.num_emitted:visible]
-        self.stats.generation_tokens += max(visible - req.num_emitted, 0)
-        req.num_emitted = max(req.num_emitted, visible)
+        new = req.output_ids[req.num_emitted:]
+        new_lp = req.logprobs[req.num_emitted:]
+        self.stats.generation_tokens += len(new)
+        req.num_emitted = req.num_output
         req.cum_logprob += sum(new_lp)
         if reason is not None:
             req.finish_reason = reason
             self.requests.pop(req.request_id, None)
             self.scheduler.remove(req)
-        elif not new:
-            return None
         return RequestOutput(req.request_id, new, new_lp, reason is not None, reason, req.num_prompt,
                              req.num_emitted, req.cum_logprob)
-
-    @staticmethod
-    def _stop_holdback(req: Request) -> int:
-        """Generated tokens to hold back because they may be the start of a stop word."""
-        out = req.output_ids
-        best = 0
-        for w in req.params.stop_words:
-            for k in range(min(len(w) - 1, len(out)), best, -1):
-                if out[-k:] == w[:k]:
-                    best = k
-                    break
-        return best
 

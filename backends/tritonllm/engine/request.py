@@ -68,14 +68,13 @@ class Request:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full computed blocks
     status: Status = Status.WAITING
-    num_emitted: int = 0                 # generated tokens already reported (stop-word hold-back aware)
+    num_emitted: int = 0                 # generated tokens already reported
     logprobs: list[float] = field(default_factory=list)
     cum_logprob: float = 0.0
     finish_reason: str | None = None
     num_preemptions: int = 0
     first_token_time: float | None = None
     generator: torch.Generator | None = None
-    stop_trim: int = 0                   # trailing generated tokens hidden because they form a stop word
     draft: list[int] = field(default_factory=list)  # speculative tokens scored this step (not yet accepted)
     matcher: object | None = None        # grammar state when the request is guided
 

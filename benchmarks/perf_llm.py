@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""LLM serving benchmark: perf_analyzer (gRPC streaming) against `ensemble` and `tensorrt_llm`, then
+genai-perf ``profile --backend tensorrtllm`` against `ensemble`; CSV/JSON + a plot under build/perf/.
+
+    python benchmarks/perf_llm.py                       # starts its own tritonserver on free ports
+    python benchmarks/perf_llm.py --url localhost:8001  # an already running server (gRPC endpoint)
+    python benchmarks/perf_llm.py --concurrency 1,2,4,8 --max-tokens 32 --prompt-tokens 64 --genai-perf skip
+
+What it measures (see perf_report.py): per concurrency, output tokens/s, requests/s, TTFT and inter-token
+latency p50/p95/p99. Every request generates exactly ``--max-tokens`` tokens (end_id = -1 disables EOS), so
+token counts are exact and the two models are compared on the same work. Prompts are windows of
+``--prompt-tokens`` tokens of a fixed text, tokenized with the served tokenizer (token ids for
+`tensorrt_llm`, their text for `ensemble`).
+
+Needs: perf_analyzer from the tritonclient wheel (it links libcudart and libb64 even on CPU:
+``apt-get install -y libb64-0d`` and ``pip install nvidia-cuda-runtime-cu12``; this script puts the wheel's
+lib dir on LD_LIBRARY_PATH). genai-perf lives in its own virtualenv (``--genai-venv``, made by
+``make perf``): its dependencies (pandas 3, numpy 2 by default) must not leak into the serving venv.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "backends"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from benchmarks.perf_report import genai_perf_row, perf_analyzer_rows, plot, write_summary  # noqa: E402
+from clients.triton_llm import default_tokenizer_dir  # noqa: E402
+
+TEXT = ("The lighthouse keeper climbed the stairs every evening, counting the steps as his father had taught "
+        "him. Outside, the sea rolled grey and patient against the rocks, and the gulls argued over scraps "
+        "left by the fishing boats. He lit the lamp, wound the clockwork, and wrote the weather in the log: "
+        "wind from the west, rain later, ships passing north. Years went by like this, one light after "
+        "another, until the day a letter arrived from the city asking whether he would teach others the "
+        "craft. ")
+
+
+def perf_analyzer_env() -> dict[str, str]:
+    """Environment in which perf_analyzer starts; raises SystemExit with the fix when it cannot."""
+    exe = shutil.which("perf_analyzer", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                               os.environ.get("PATH", "")]))
+    if exe is None:
+        raise SystemExit("perf_analyzer not found: pip install 'tritonclient[all]==2.49.0'")
+    env = dict(os.environ)
+    libs = [p for sp in sys.path for p in glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "lib"))]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*dict.fromkeys(libs), env.get("LD_LIBRARY_PATH", "")])
+    env["PATH"] = os.pathsep.join([str(Path(exe).parent), env.get("PATH", "")])
+    missing = subprocess.run(["ldd", exe], env=env, capture_output=True, text=True).stdout
+    missing = [line.split()[0] for line in missing.splitlines() if "not found" in line]
+    if missing:
+        raise SystemExit(f"perf_analyzer cannot start, missing {missing}: "
+                         "apt-get install -y libb64-0d; pip install nvidia-cuda-runtime-cu12")
+    return env
+
+
+def make_inputs(tokenizer_dir: Path, prompt_tokens: int, max_tokens: int, n: int, out_dir: Path) -> dict[str, Path]:
+    """perf_analyzer --input-data files for `ensemble` (text) and `tensorrt_llm` (token ids)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=False)
+    ids = tok(TEXT * 8, add_special_tokens=False).input_ids
+    step = max(1, (len(ids) - prompt_tokens) // n)
+    windows = [ids[i * step:i * step + prompt_tokens] for i in range(n)]
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    common = {"max_tokens": [max_tokens], "stream": [True], "end_id": [-1]}
+    ensemble = {"data": [{"text_input": [tok.decode(w)], **common} for w in windows]}
+    llm = {"data": [{"input_ids": {"content": bos + w, "shape": [len(bos) + len(w)]},
+                     "input_lengths": [len(bos) + len(w)], "request_output_len": [max_tokens],
+                     "streaming": [True], "end_id": [-1]} for w in windows]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"ensemble": out_dir / "input_ensemble.json", "tensorrt_llm": out_dir / "input_tensorrt_llm.json"}
+    paths["ensemble"].write_text(json.dumps(ensemble))
+    paths["tensorrt_llm"].write_text(json.dumps(llm))
+    return paths
+
+
+def run_perf_analyzer(env, url: str, model: str, input_path: Path, concurrency: list[int], requests: int,
+                      out_dir: Path, timeout_s: int) -> list[dict]:
+    """One perf_analyzer run per concurrency level (each with its own export), merged into rows."""
+    rows = []
+    for c in concurrency:
+        export = out_dir / f"pa_{model}_c{c}.json"
+        export.unlink(missing_ok=True)  # perf_analyzer refuses an export path that exists
+        cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", "grpc", "--async", "--streaming",
+               "--input-data", str(input_path), "--concurrency-range", f"{c}:{c}",
+               # A fixed number of requests, no stabilization windows: LLM requests on a shared CPU vary
+               # too much window to window for perf_analyzer's stability check to converge (seen).
+               "--request-count", str(max(requests, 2 * c)),
+               # No -f: with it, perf_analyzer 2.49 leaves the profile export empty (seen).
+               "--profile-export-file", str(export)]
+        print(f"==> perf_analyzer {model} concurrency {c}", flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        (out_dir / f"pa_{model}_c{c}.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0 or not export.is_file():
+            raise RuntimeError(f"perf_analyzer failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        tokens = json.loads(input_path.read_text())["data"][0]
+        max_tokens = (tokens.get("max_tokens") or tokens.get("request_output_len"))[0]
+        new = perf_analyzer_rows(export, model, max_tokens)
+        for r in new:
+            print(f"    {r['requests']} requests in {time.monotonic() - t0:.0f} s: "
+                  f"{r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {r['ttft_p50_ms'] or 0:.1f} ms, "
+                  f"ITL p50 {r['itl_p50_ms'] or 0:.2f} ms", flush=True)
+        rows.extend(new)
+    return rows
+
+
+def run_genai_perf(genai_bin: Path, pa_env: dict, url: str, tokenizer_dir: Path, concurrency: list[int],
+                   prompt_tokens: int, max_tokens: int, requests: int, out_dir: Path, timeout_s: int) -> list[dict]:
+    """genai-perf profile --backend tensorrtllm against `ensemble`, one run per concurrency level."""
+    env = dict(pa_env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    rows = []
+    for c in concurrency:
+        artifacts = out_dir / "genai" / f"c{c}"
+        cmd = [str(genai_bin), "profile", "-m", "ensemble", "--endpoint-type", "kserve", "--backend", "tensorrtllm",
+               "--streaming", "-u", url, "--tokenizer", str(tokenizer_dir),
+               "--synthetic-input-tokens-mean", str(prompt_tokens), "--synthetic-input-tokens-stddev", "0",
+               "--output-tokens-mean", str(max_tokens), "--concurrency", str(c),
+               "--request-count", str(max(requests, 2 * c)), "--artifact-dir", str(artifacts),
+               "--profile-export-file", "profile_export.json"]
+        print(f"==> genai-perf ensemble concurrency {c}", flush=True)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=out_dir)
+        artifacts.mkdir(parents=True, exist_ok=True)
+        (artifacts / "genai_perf.log").write_text(proc.stdout + proc.stderr)
+        found = sorted(artifacts.rglob("*_genai_perf.json"))
+        if proc.returncode != 0 or not found:
+            raise RuntimeError(f"genai-perf failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        row = genai_perf_row(found[0], "ensemble", c)
+        print(f"    {row['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {row['ttft_p50_ms'] or 0:.1f} ms, "
+              f"ITL p50 {row['itl_p50_ms'] or 0:.2f} ms", flush=True)
+        rows.append(row)
+    return rows
+
+
+def parse_levels(text: str) -> list[int]:
+    if ":" in text:  # start:end[:step], like perf_analyzer's --concurrency-range
+        parts = [int(x) for x in text.split(":")]
+        return list(range(parts[0], parts[1] + 1, parts[2] if len(parts) > 2 else 1))
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", help="gRPC host:port of a running server (default: start one on free ports)")
+    p.add_argument("--models", default="ensemble,tensorrt_llm", help="comma list for perf_analyzer")
+    p.add_argument("--concurrency", default="1,2,4,8", help="levels: 1,2,4,8 or start:end[:step]")
+    p.add_argument("--requests", type=int, default=16, help="requests measured per level (>= 2 x concurrency)")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--tokenizer-dir", type=Path, default=default_tokenizer_dir())
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "perf")
+    p.add_argument("--genai-perf", choices=("auto", "skip", "require"), default="auto",
+                   help="auto: run it when --genai-venv has it")
+    p.add_argument("--genai-venv", type=Path, default=ROOT / "build" / "perf" / "genai-venv")
+    p.add_argument("--genai-concurrency", default="1,4")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per perf_analyzer / genai-perf run")
+    args = p.parse_args(argv)
+
+    env = perf_analyzer_env()
+    levels = parse_levels(args.concurrency)
+    # Absolute: genai-perf runs with the output folder as its working directory.
+    out, args.tokenizer_dir, args.genai_venv = args.out.resolve(), args.tokenizer_dir.resolve(), args.genai_venv.resolve()
+    inputs = make_inputs(args.tokenizer_dir, args.prompt_tokens, args.max_tokens, 8, out)
+    genai_bin = args.genai_venv / "bin" / "genai-perf"
+    if args.genai_perf == "require" and not genai_bin.exists():
+        raise SystemExit(f"{genai_bin} not found: make perf creates it (or --genai-perf skip)")
+
+    server = None
+    url = args.url
+    if url is None:
+        from tritonllm.serving.launcher import TritonServer, find_free_ports
+
+        server = TritonServer(*find_free_ports(3), log_path=ROOT / "build" / "logs" / "perf-tritonserver.log")
+        print(f"==> starting tritonserver (log {server.log_path})", flush=True)
+        server.start(timeout=300)
+        url = server.grpc_url
+    try:
+        rows = []
+        for model in [m for m in args.models.split(",") if m]:
+            rows += run_perf_analyzer(env, url, model, inputs[model], levels, args.requests, out, args.timeout)
+        if args.genai_perf != "skip" and genai_bin.exists():
+            rows += run_genai_perf(genai_bin, env, url, args.tokenizer_dir, parse_levels(args.genai_concurrency),
+                                   args.prompt_tokens, args.max_tokens, args.requests, out, args.timeout)
+        elif args.genai_perf == "auto":
+            print(f"==> genai-perf skipped: {genai_bin} not found (make perf creates it)", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    csv_path, json_path = write_summary(rows, out)
+    png = plot(rows, out / "perf.png", f"prompt {args.prompt_tokens} tokens, {args.max_tokens} generated, CPU")
+    print(f"==> {csv_path}\n==> {json_path}\n==> {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""``python -m clients.openai_server``: serve the OpenAI-compatible API with uvicorn.
+
+Defaults come from the environment so ``make openai OPENAI_PORT=9000 GRPC_PORT=8001`` works:
+OPENAI_PORT (9000), GRPC_PORT (8001; the Triton gRPC endpoint is localhost:GRPC_PORT unless
+--triton-url is given), OPENAI_TRITON_MODEL (tensorrt_llm_bls), TOKENIZER_DIR (deployment.yaml's llm.tokenizer_dir).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main(argv=None) -> int:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from clients.triton_llm import default_tokenizer_dir
+
+    p = argparse.ArgumentParser(prog="python -m clients.openai_server", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default=os.environ.get("OPENAI_HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT") or 9000))
+    p.add_argument("--triton-url", default=f"localhost:{os.environ.get('GRPC_PORT') or 8001}",
+                   help="Triton gRPC endpoint host:port")
+    p.add_argument("--model", default=os.environ.get("OPENAI_TRITON_MODEL", "tensorrt_llm_bls"),
+                   help="Triton text model to serve (tensorrt_llm_bls or ensemble)")
+    p.add_argument("--fallback", default="ensemble", help="used when --model is not ready ('' = none)")
+    p.add_argument("--tokenizer-dir", default=str(default_tokenizer_dir()),
+                   help="HF tokenizer folder for the chat template and token counts ('' = none)")
+    p.add_argument("--served-model-name", default="tritonllm", help="the model name clients ask for")
+    p.add_argument("--default-max-tokens", type=int, default=256, help="chat requests without max_tokens")
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+
+    import uvicorn
+
+    from clients.openai_server.app import Settings, create_app
+
+    tokenizer_dir = args.tokenizer_dir or None
+    if tokenizer_dir and not Path(tokenizer_dir).is_dir():
+        print(f"[openai_server] tokenizer dir {tokenizer_dir} not found: no chat template, counts from Triton",
+              file=sys.stderr)
+        tokenizer_dir = None
+    app = create_app(Settings(triton_url=args.triton_url, model=args.model, fallback=args.fallback or None,
+                              tokenizer_dir=tokenizer_dir, served_model_name=args.served_model_name,
+                              default_max_tokens=args.default_max_tokens))
+    print(f"[openai_server] http://{args.host}:{args.port}/v1 -> Triton {args.triton_url} ({args.model})",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The FastAPI application: /v1/models, /v1/completions, /v1/chat/completions (plain JSON or SSE), /health.
+
+Invariants:
+- A streamed response starts only after the first chunk arrived, so an error Triton reports before any
+  output (bad argument, unsupported guided decoding, queue full) is an HTTP status with OpenAI's error
+  JSON, streaming or not. An error after the stream began is sent as one ``data: {"error": ...}`` event
+  and the stream ends without ``[DONE]``.
+- Every successful stream ends with ``data: [DONE]``; with ``stream_options.include_usage`` the last
+  chunk before it has empty ``choices`` and the usage.
+- The request's ``model`` is the served name (-> the configured Triton model, with fallback) or the name
+  of a Triton text model (``tensorrt_llm_bls`` / ``ensemble``) to address it directly; anything else 404.
+- Request validation errors are 400 (OpenAI's status), not FastAPI's 422.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from clients.openai_server.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat_logprobs, completion_body,
+                                             completion_logprobs, new_id, sum_usage)
+from clients.openai_server.triton import TritonText
+from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams
+
+
+@dataclass
+class Settings:
+    triton_url: str = "localhost:8001"
+    model: str = "tensorrt_llm_bls"
+    fallback: str | None = "ensemble"
+    tokenizer_dir: str | None = None
+    served_model_name: str = "tritonllm"
+    default_max_tokens: int = 256  # chat requests without max_tokens
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode("utf-8")
+
+
+async def _first(chunks: AsyncIterator[Chunk]) -> Chunk | None:
+    try:
+        return await chunks.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def create_app(settings: Settings) -> FastAPI:
+    triton = TritonText(settings.triton_url, settings.model, settings.fallback)
+    tools = TextTools.from_dir(settings.tokenizer_dir)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await triton.close()
+
+    app = FastAPI(title="tritonllm OpenAI-compatible API", lifespan=lifespan)
+    app.state.settings, app.state.triton, app.state.tools = settings, triton, tools
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, e: ApiError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_req: Request, e: RequestValidationError):
+        err = e.errors()[0] if e.errors() else {}
+        param = ".".join(str(p) for p in err.get("loc", ())[1:]) or None
+        return JSONResponse(ApiError(400, f"{param}: {err.get('msg', 'invalid request')}", param=param).body(),
+                            status_code=400)
+
+    def triton_model(name: str) -> str | None:
+        """None = the configured model (resolved with fallback); else a Triton text model named directly."""
+        if name == settings.served_model_name:
+            return None
+        if name in TEXT_MODELS:
+            return name
+        raise ApiError(404, f"The model `{name}` does not exist", "invalid_request_error", "model",
+                       "model_not_found")
+
+    async def start(prompt: str, params: GenerationParams, stream: bool, model: str | None):
+        chunks = triton.generate(prompt, params, stream, model)
+        return chunks, await _first(chunks)
+
+    async def run_to_end(prompt: str, params: GenerationParams, model: str | None) -> Outcome:
+        outcome = Outcome()
+        async for chunk in triton.generate(prompt, params, False, model):
+            outcome.add(chunk)
+        return outcome
+
+    async def stream_events(first: Chunk | None, chunks: AsyncIterator[Chunk], make_event) -> AsyncIterator[bytes]:
+        """SSE of ``make_event(chunk)`` for every chunk, then ``make_event(None)`` (the closing events)."""
+        try:
+            if first is not None:
+                for event in make_event(first):
+                    yield sse(event)
+                async for chunk in chunks:
+                    for event in make_event(chunk):
+                        yield sse(event)
+            for event in make_event(None):
+                yield sse(event)
+            yield sse("[DONE]")
+        except ApiError as e:
+            yield sse(e.body())
+        finally:
+            await chunks.aclose()  # cancels the Triton request when the client went away
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "triton_model": await triton.resolve()}
+
+    @app.get("/v1/models")
+    async def models():
+        created = int(time.time())
+        names = [settings.served_model_name] + await triton.ready_models(TEXT_MODELS)
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "tritonllm"}
+                                           for n in names]}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        req.check_supported()
+        model, prompts = triton_model(req.model), req.prompts()
+        max_tokens = req.max_tokens or 16
+        params = req.generation_params(max_tokens, req.logprobs is not None)
+        rid = new_id("cmpl")
+        if not req.stream:
+            outcomes = await asyncio.gather(*(run_to_end(p, params, model) for p in prompts))
+            choices = []
+            for i, (prompt, o) in enumerate(zip(prompts, outcomes)):
+                head = prompt if req.echo else ""
+                lp = completion_logprobs(tools, o.text, o.log_probs, len(head)) if req.logprobs is not None else None
+                choices.append({"index": i, "text": head + o.text, "logprobs": lp,
+                                "finish_reason": o.finish_reason(max_tokens)})
+            usage = sum_usage([o.usage(tools, p) for p, o in zip(prompts, outcomes)])
+            return completion_body(rid, req.model, choices, usage)
+
+        prompt, outcome = prompts[0], Outcome()
+        chunks, first = await start(prompt, params, True, model)
+        usage_field = {"usage": None} if req.include_usage() else {}
+        echo = [req.echo]
+
+        def events(chunk: Chunk | None):
+            if chunk is None:
+                yield {**completion_body(rid, req.model, [{"index": 0, "text": "", "logprobs": None,
+                        "finish_reason": outcome.finish_reason(max_tokens)}], None), **usage_field}
+                if req.include_usage():
+                    yield completion_body(rid, req.model, [], outcome.usage(tools, prompt))
+                return
+            outcome.add(chunk)
+            head = prompt if echo[0] else ""
+            echo[0] = False
+            lp = (completion_logprobs(tools, chunk.text, chunk.log_probs or [])
+                  if req.logprobs is not None else None)
+            if chunk.text or head:
+                yield {**completion_body(rid, req.model, [{"index": 0, "text": head + chunk.text, "logprobs": lp,
+                                                           "finish_reason": None}], None), **usage_field}
+
+        return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest):
+        req.check_supported()
+        model = triton_model(req.model)
+        prompt = tools.chat_prompt(req.chat_messages())
+        guide = req.response_format.guide() if req.response_format else None
+        max_tokens = req.max_new_tokens() or settings.default_max_tokens
+        params = req.generation_params(max_tokens, req.logprobs, guide)
+        rid = new_id("chatcmpl")
+        if not req.stream:
+            o = await run_to_end(prompt, params, model)
+            choice = {"index": 0, "message": {"role": "assistant", "content": o.text},
+                      "logprobs": chat_logprobs(tools, o.text, o.log_probs) if req.logprobs else None,
+                      "finish_reason": o.finish_reason(max_tokens)}
+            return chat_body(rid, req.model, [choice], o.usage(tools, prompt))
+
+        outcome = Outcome()
+        chunks, first = await start(prompt, params, True, model)
+        usage_field = {"usage": None} if req.include_usage() else {}
+
+        def choice(delta: dict, finish: str | None = None, logprobs=None) -> dict:
+            return {**chat_body(rid, req.model, [{"index": 0, "delta": delta, "logprobs": logprobs,
+                                                  "finish_reason": finish}], None, chunk=True), **usage_field}
+
+        role_sent = [False]
+
+        def events(chunk: Chunk | None):
+            if not role_sent[0]:  # OpenAI's first chunk carries the role only
+                role_sent[0] = True
+                yield choice({"role": "assistant", "content": ""})
+            if chunk is None:
+                yield choice({}, outcome.finish_reason(max_tokens))
+                if req.include_usage():
+                    yield chat_body(rid, req.model, [], outcome.usage(tools, prompt), chunk=True)
+                return
+            outcome.add(chunk)
+            if chunk.text:
+                lp = chat_logprobs(tools, chunk.text, chunk.log_probs or []) if req.logprobs else None
+                yield choice({"content": chunk.text}, None, lp)
+
+        return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
+
+    return app

@@ -1,0 +1,137 @@
+"""OpenAI response bodies (completions, chat completions, their stream chunks, usage, logprobs) and the
+text-side helpers they need (chat template, token counting).
+
+Invariants:
+- ``usage`` counts are the engine's (``num_input_tokens`` / ``num_output_tokens`` from Triton) when the
+  model returns them; otherwise the tokenizer's count of the prompt / generated text.
+- ``finish_reason`` is "length" when the model generated ``max_tokens`` tokens, else "stop" (EOS or a
+  stop string: the text models do not say which, and OpenAI reports both as "stop").
+- Logprobs: the engine returns one log probability per generated token but not the token strings. Token
+  strings come from re-tokenizing the generated text; when that does not give as many tokens as log probs
+  (a BPE merge differs, or a stop string cut the text), tokens are reported as "" rather than guessed.
+  ``top_logprobs`` are always empty lists (the engine does not return alternatives).
+- The chat template is rendered client-side (transformers' ``apply_chat_template``, local files, no
+  repository code). Triton's preprocessing adds special tokens again, so a BOS the template already wrote
+  is removed from the rendered text: the model sees exactly one.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class TextTools:
+    """Tokenizer-backed helpers; ``tokenizer`` may be None (no chat template, counts from Triton only)."""
+
+    def __init__(self, tokenizer: Any | None):
+        self.tokenizer = tokenizer
+        self._adds_bos = False
+        if tokenizer is not None and tokenizer.bos_token_id is not None:
+            ids = tokenizer("x").input_ids
+            self._adds_bos = bool(ids) and ids[0] == tokenizer.bos_token_id
+
+    @classmethod
+    def from_dir(cls, directory: str | None) -> "TextTools":
+        if not directory:
+            return cls(None)
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False))
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        from clients.openai_server.protocol import ApiError
+
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ApiError(400, "this server has no chat template (start it with --tokenizer-dir)", param="messages")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # a template may raise on roles it does not know (jinja2 exceptions)
+            raise ApiError(400, f"chat template: {e}", param="messages") from None
+        bos = self.tokenizer.bos_token
+        if self._adds_bos and bos and text.startswith(bos):
+            text = text[len(bos):]
+        return text
+
+    def count(self, text: str, prompt: bool) -> int:
+        if self.tokenizer is None:
+            return 0
+        return len(self.tokenizer(text, add_special_tokens=prompt).input_ids)
+
+    def tokens(self, text: str, n: int) -> list[str]:
+        """``n`` token strings for ``text`` (see the module docstring: "" when re-tokenizing disagrees)."""
+        if n == 1:
+            return [text]
+        if self.tokenizer is not None:
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+            if len(ids) == n:
+                return [self.tokenizer.decode([i]) for i in ids]
+        return [""] * n
+
+
+@dataclass
+class Outcome:
+    """What one generation produced, accumulated over its chunks."""
+
+    text: str = ""
+    log_probs: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def add(self, chunk) -> None:
+        self.text += chunk.text
+        self.log_probs.extend(chunk.log_probs or [])
+        if chunk.num_input_tokens is not None:
+            self.prompt_tokens = chunk.num_input_tokens
+        if chunk.num_output_tokens is not None:
+            self.completion_tokens = max(self.completion_tokens or 0, chunk.num_output_tokens)
+
+    def usage(self, tools: TextTools, prompt: str) -> dict[str, int]:
+        p = self.prompt_tokens if self.prompt_tokens is not None else tools.count(prompt, prompt=True)
+        c = self.completion_tokens if self.completion_tokens is not None else tools.count(self.text, prompt=False)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def finish_reason(self, max_tokens: int) -> str:
+        return "length" if (self.completion_tokens or 0) >= max_tokens else "stop"
+
+
+def completion_logprobs(tools: TextTools, text: str, log_probs: list[float], offset: int = 0) -> dict[str, Any]:
+    tokens = tools.tokens(text, len(log_probs))
+    offsets, pos = [], offset
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": [{} for _ in tokens],
+            "text_offset": offsets}
+
+
+def chat_logprobs(tools: TextTools, text: str, log_probs: list[float]) -> dict[str, Any]:
+    tokens = tools.tokens(text, len(log_probs))
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+                        for t, lp in zip(tokens, log_probs)]}
+
+
+def completion_body(rid: str, model: str, choices: list[dict], usage: dict | None) -> dict[str, Any]:
+    body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def chat_body(rid: str, model: str, choices: list[dict], usage: dict | None, chunk: bool = False) -> dict:
+    body = {"id": rid, "object": "chat.completion.chunk" if chunk else "chat.completion",
+            "created": int(time.time()), "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def sum_usage(usages: list[dict[str, int]]) -> dict[str, int]:
+    keys = ("prompt_tokens", "completion_tokens", "total_tokens")
+    return {k: sum(u[k] for u in usages) for k in keys}

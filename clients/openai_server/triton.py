@@ -1,0 +1,128 @@
+"""Async gRPC access to Triton's text models for the OpenAI front end: one bidirectional stream per request.
+
+Invariants:
+- ``generate`` yields ``Chunk``s until Triton's final flag (requested with
+  ``triton_enable_empty_final_response``), then returns; closing the generator early (the HTTP client went
+  away) cancels the gRPC call, which cancels the request inside Triton.
+- Every failure surfaces as ``ApiError`` with an HTTP status. Errors inside a gRPC stream carry only
+  Triton's message (no status code), so the status is read from the message: the engine's and Triton's
+  wording for UNAVAILABLE (queue full, shutting down, model not ready) -> 503, unknown model -> 404,
+  "internal error" -> 500, anything else is about the request -> 400. Transport errors keep their gRPC
+  status (UNAVAILABLE -> 503, DEADLINE_EXCEEDED -> 504).
+- The Triton model is resolved once per ``MODEL_CHECK_S``: the configured one when ready, else the
+  fallback when ready, else 503.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import AsyncIterator
+
+import grpc
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from clients.openai_server.protocol import ApiError
+from clients.triton_llm import Chunk, GenerationParams, chunk_from, grpc_inputs
+
+MODEL_CHECK_S = 5.0
+
+_UNAVAILABLE = re.compile(r"queue limit|queue is full|shutting down|unavailable|not ready|overloaded", re.I)
+_NOT_FOUND = re.compile(r"unknown model|model .* (is not found|not found)|failed to find model", re.I)
+_INTERNAL = re.compile(r"internal error", re.I)
+_GRPC_HTTP = {"UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "NOT_FOUND": 404, "INVALID_ARGUMENT": 400,
+              "RESOURCE_EXHAUSTED": 429, "CANCELLED": 499, "UNIMPLEMENTED": 501}
+
+
+def status_for(message: str, grpc_status: str | None = None) -> int:
+    """HTTP status for a Triton error (see the module docstring for the rules)."""
+    if grpc_status:
+        code = grpc_status.rsplit(".", 1)[-1]
+        if code in _GRPC_HTTP:
+            return _GRPC_HTTP[code]
+    if _UNAVAILABLE.search(message):
+        return 503
+    if _NOT_FOUND.search(message):
+        return 404
+    if _INTERNAL.search(message):
+        return 500
+    return 400
+
+
+def api_error(message: str, grpc_status: str | None = None) -> ApiError:
+    status = status_for(message, grpc_status)
+    kind = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable",
+            504: "timeout"}.get(status, "server_error")
+    return ApiError(status, message, kind)
+
+
+class TritonText:
+    """A text model (``tensorrt_llm_bls`` or ``ensemble``) behind Triton's gRPC endpoint."""
+
+    def __init__(self, url: str, model: str = "tensorrt_llm_bls", fallback: str | None = "ensemble"):
+        self.url, self.model, self.fallback = url, model, fallback
+        self._client: grpcaio.InferenceServerClient | None = None
+        self._resolved: tuple[float, str] | None = None
+
+    @property
+    def client(self) -> grpcaio.InferenceServerClient:
+        if self._client is None:  # created inside the running event loop (grpc.aio binds to it)
+            self._client = grpcaio.InferenceServerClient(self.url)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def _ready(self, name: str) -> bool:
+        try:
+            return bool(await self.client.is_model_ready(name))
+        except (InferenceServerException, grpc.RpcError):
+            return False
+
+    async def resolve(self) -> str:
+        """The Triton model to send requests to (cached for MODEL_CHECK_S)."""
+        now = time.monotonic()
+        if self._resolved and now - self._resolved[0] < MODEL_CHECK_S:
+            return self._resolved[1]
+        for name in (self.model, self.fallback):
+            if name and await self._ready(name):
+                self._resolved = (now, name)
+                return name
+        self._resolved = None
+        wanted = self.model + (f" or {self.fallback}" if self.fallback else "")
+        raise ApiError(503, f"Triton at {self.url} has no ready model {wanted}", "service_unavailable")
+
+    async def ready_models(self, names: tuple[str, ...]) -> list[str]:
+        return [n for n in names if await self._ready(n)]
+
+    async def generate(self, prompt: str, params: GenerationParams, stream: bool,
+                       model: str | None = None) -> AsyncIterator[Chunk]:
+        model = model or await self.resolve()
+        inputs, outputs = grpc_inputs(params, prompt, stream)
+
+        async def requests():
+            yield {"model_name": model, "inputs": inputs, "outputs": outputs,
+                   "parameters": {"triton_enable_empty_final_response": True}}
+
+        try:
+            call = self.client.stream_infer(requests())
+        except InferenceServerException as e:
+            raise api_error(e.message(), e.status()) from None
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise api_error(error.message(), error.status())
+                response = result.get_response()
+                if response.outputs:
+                    yield chunk_from(result.as_numpy)
+                if response.parameters["triton_final_response"].bool_param:
+                    finished = True
+                    return
+        except grpc.RpcError as e:
+            raise api_error(e.details() or str(e), str(e.code())) from None
+        finally:
+            if not finished:
+                call.cancel()

@@ -1,0 +1,292 @@
+"""Talk to the text models (`ensemble`, `tensorrt_llm_bls`) over HTTP or gRPC: one request in, text chunks out.
+
+Shared by the CLI (llm_client.py), the concurrency example and the OpenAI-compatible server.
+
+Invariants:
+- Tensor names, dtypes and shapes are the ensemble's / BLS's (NVIDIA's contract, see
+  backends/tritonllm/contract.py): every input carries the batch dimension, so a scalar is ``[1, 1]`` and
+  a word list ``[1, N]``; an option left at ``None`` is not sent and the server's default applies.
+- Both models are decoupled, so gRPC always goes through the bidirectional stream (plain ModelInfer is
+  refused) and HTTP through ``/generate`` (one response) or ``/generate_stream`` (server-sent events).
+- In streaming mode each ``Chunk.text`` is the *new* text only; concatenated they equal the
+  non-streamed text (exact per-request detokenization in the BLS and the ensemble's postprocessing).
+  ``num_output_tokens`` is the running total, ``log_probs`` the new tokens' log probabilities.
+- A failed request raises ``TritonError`` whose message is Triton's, unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+TEXT_MODELS = ("ensemble", "tensorrt_llm_bls")
+_OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
+_LOGPROB_OUTPUTS = ("output_log_probs", "cum_log_probs")
+
+# name -> (numpy dtype, Triton dtype) of every optional scalar the text models accept.
+_SCALARS: dict[str, tuple[Any, str]] = {
+    "temperature": (np.float32, "FP32"), "top_k": (np.int32, "INT32"), "top_p": (np.float32, "FP32"),
+    "seed": (np.uint64, "UINT64"), "repetition_penalty": (np.float32, "FP32"),
+    "presence_penalty": (np.float32, "FP32"), "frequency_penalty": (np.float32, "FP32"),
+    "min_tokens": (np.int32, "INT32"), "end_id": (np.int32, "INT32"), "pad_id": (np.int32, "INT32"),
+    "return_log_probs": (np.bool_, "BOOL"), "exclude_input_in_output": (np.bool_, "BOOL"),
+}
+
+
+def default_tokenizer_dir() -> Path:
+    """$TOKENIZER_DIR, else deployment.yaml's ``llm.tokenizer_dir`` (what the server tokenizes with)."""
+    if os.environ.get("TOKENIZER_DIR"):
+        return Path(os.environ["TOKENIZER_DIR"])
+    root = Path(__file__).resolve().parents[1]
+    try:
+        import yaml
+
+        configured = yaml.safe_load((root / "deployment.yaml").read_text())["llm"]["tokenizer_dir"]
+    except (OSError, KeyError, TypeError, ImportError):
+        configured = "build/models/demo"
+    path = Path(configured)
+    return path if path.is_absolute() else root / path
+
+
+class TritonError(RuntimeError):
+    """Triton (or the transport) refused or failed a request. ``status`` is the gRPC status name or HTTP
+    code when the transport gave one (Triton's in-stream errors carry only a message)."""
+
+    def __init__(self, message: str, status: str | int | None = None):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+@dataclass
+class GenerationParams:
+    """Sampling options of one request, by the ensemble's input names. None = not sent (server default)."""
+
+    max_tokens: int = 64
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_tokens: int | None = None
+    end_id: int | None = None
+    pad_id: int | None = None
+    return_log_probs: bool | None = None
+    exclude_input_in_output: bool | None = None
+    stop_words: list[str] = field(default_factory=list)
+    bad_words: list[str] = field(default_factory=list)
+    guided_decoding_guide_type: str | None = None  # json, json_schema, regex, ebnf_grammar
+    guided_decoding_guide: str | None = None
+
+    def arrays(self, prompt: str, stream: bool) -> dict[str, tuple[np.ndarray, str]]:
+        """Input name -> (array with the batch dimension, Triton dtype)."""
+        out: dict[str, tuple[np.ndarray, str]] = {
+            "text_input": (np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES"),
+            "max_tokens": (np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
+            "stream": (np.array([[stream]], dtype=np.bool_), "BOOL"),
+        }
+        for name, (np_type, triton_type) in _SCALARS.items():
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = (np.array([[value]], dtype=np_type), triton_type)
+        for name, words in (("stop_words", self.stop_words), ("bad_words", self.bad_words)):
+            if words:
+                out[name] = (np.array([[w.encode("utf-8") for w in words]], dtype=object), "BYTES")
+        for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = (np.array([[value.encode("utf-8")]], dtype=object), "BYTES")
+        return out
+
+    def generate_json(self, prompt: str, stream: bool) -> dict[str, Any]:
+        """Body of ``/v2/models/<m>/generate[_stream]``: the same inputs as plain JSON values."""
+        body: dict[str, Any] = {}
+        for name, (array, _) in self.arrays(prompt, stream).items():
+            values = array.reshape(-1).tolist()
+            values = [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
+            body[name] = values if name in ("stop_words", "bad_words") else values[0]
+        return body
+
+    def requested_outputs(self) -> tuple[str, ...]:
+        return _OUTPUTS + (_LOGPROB_OUTPUTS if self.return_log_probs else ())
+
+
+@dataclass
+class Chunk:
+    """One response of the model: new text (streaming) or all of it, plus the pass-through counters."""
+
+    text: str
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+    log_probs: list[float] | None = None
+    cum_log_prob: float | None = None
+
+
+def chunk_from(get: Callable[[str], Any]) -> Chunk:
+    """Build a Chunk from ``get(name) -> array or None`` (gRPC ``as_numpy``, or an HTTP JSON lookup)."""
+    def first(name):
+        value = get(name)
+        if value is None:
+            return None
+        flat = np.asarray(value).reshape(-1)
+        return flat[0] if flat.size else None
+
+    text = first("text_output")
+    n_in, n_out, cum = first("num_input_tokens"), first("num_output_tokens"), first("cum_log_probs")
+    lp = get("output_log_probs")
+    return Chunk(
+        text=(text.decode("utf-8") if isinstance(text, bytes) else str(text)) if text is not None else "",
+        num_input_tokens=int(n_in) if n_in is not None else None,
+        num_output_tokens=int(n_out) if n_out is not None else None,
+        log_probs=[float(x) for x in np.asarray(lp).reshape(-1)] if lp is not None else None,
+        cum_log_prob=float(cum) if cum is not None else None,
+    )
+
+
+# --------------------------------------------------------------------------- gRPC
+
+def grpc_inputs(params: GenerationParams, prompt: str, stream: bool):
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, (array, dtype) in params.arrays(prompt, stream).items():
+        t = grpcclient.InferInput(name, list(array.shape), dtype)
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    outputs = [grpcclient.InferRequestedOutput(n) for n in params.requested_outputs()]
+    return inputs, outputs
+
+
+def grpc_generate(url: str, model: str, prompt: str, params: GenerationParams, stream: bool = True,
+                  timeout_s: float = 600.0) -> Iterator[Chunk]:
+    """Yield the chunks of one request over a gRPC bidirectional stream (one connection per call)."""
+    import tritonclient.grpc as grpcclient
+
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        inputs, outputs = grpc_inputs(params, prompt, stream)
+        client.async_stream_infer(model, inputs, outputs=outputs, enable_empty_final_response=True)
+        while True:
+            try:
+                result, error = responses.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TritonError(f"no response from {model} within {timeout_s:.0f} s", "DEADLINE_EXCEEDED")
+            if error is not None:
+                raise TritonError(error.message(), error.status())
+            response = result.get_response()
+            if response.outputs:  # the final flag may come alone, with no outputs
+                yield chunk_from(result.as_numpy)
+            if response.parameters["triton_final_response"].bool_param:
+                return
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+# --------------------------------------------------------------------------- HTTP
+
+def http_generate(url: str, model: str, prompt: str, params: GenerationParams, stream: bool = True,
+                  timeout_s: float = 600.0) -> Iterator[Chunk]:
+    """Yield the chunks of one request over Triton's generate extension (SSE when ``stream``)."""
+    import requests
+
+    base = url if url.startswith("http") else f"http://{url}"
+    endpoint = f"{base}/v2/models/{model}/generate" + ("_stream" if stream else "")
+    body = params.generate_json(prompt, stream)
+    wanted = set(params.requested_outputs())  # /generate returns every output; keep what was asked for
+
+    def pick(event: dict):
+        return lambda name: event.get(name) if name in wanted else None
+
+    with requests.post(endpoint, json=body, stream=stream, timeout=timeout_s) as r:
+        if r.status_code != 200:
+            raise TritonError(_http_error(r.text), r.status_code)
+        if not stream:
+            yield chunk_from(pick(r.json()))
+            return
+        for line in r.iter_lines(decode_unicode=False):
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments
+            event = json.loads(line[5:].decode("utf-8"))
+            if "error" in event:
+                raise TritonError(event["error"], r.status_code)
+            yield chunk_from(pick(event))
+
+
+def _http_error(text: str) -> str:
+    try:
+        return json.loads(text).get("error", text)
+    except (ValueError, AttributeError):
+        return text
+
+
+def generate(protocol: str, url: str, model: str, prompt: str, params: GenerationParams,
+             stream: bool = True) -> Iterator[Chunk]:
+    if protocol == "grpc":
+        return grpc_generate(url, model, prompt, params, stream)
+    if protocol == "http":
+        return http_generate(url, model, prompt, params, stream)
+    raise ValueError(f"protocol must be http or grpc, not {protocol!r}")
+
+
+# --------------------------------------------------------------------------- timing
+
+@dataclass
+class Timing:
+    """Client-side timing of one request. ``ttft`` counts to the first chunk carrying text."""
+
+    start: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    end: float | None = None
+    output_tokens: int = 0
+    input_tokens: int | None = None
+    text_chunks: int = 0
+
+    def observe(self, chunk: Chunk) -> None:
+        if chunk.text:
+            self.text_chunks += 1
+            if self.first_token is None:
+                self.first_token = time.perf_counter()
+        if chunk.num_output_tokens is not None:
+            # Running total in streaming mode, the whole count otherwise: the maximum is right for both.
+            self.output_tokens = max(self.output_tokens, chunk.num_output_tokens)
+        if chunk.num_input_tokens is not None:
+            self.input_tokens = chunk.num_input_tokens
+
+    def finish(self) -> "Timing":
+        self.end = time.perf_counter()
+        return self
+
+    @property
+    def total_s(self) -> float:
+        return (self.end or time.perf_counter()) - self.start
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+    def summary(self) -> dict[str, float | int | None]:
+        """TTFT, end-to-end tokens/s, and decode tokens/s (tokens after the first / time after the first;
+        only when the text came in several chunks, i.e. streamed: otherwise TTFT is the whole request)."""
+        total = self.total_s
+        decode = None
+        if (self.first_token is not None and self.text_chunks > 1 and self.output_tokens > 1 and self.end
+                and self.end > self.first_token):
+            decode = (self.output_tokens - 1) / (self.end - self.first_token)
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "ttft_s": self.ttft_s,
+            "total_s": total,
+            "tokens_per_s": self.output_tokens / total if total > 0 else None,
+            "decode_tokens_per_s": decode,
+        }
