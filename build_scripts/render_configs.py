@@ -4,8 +4,9 @@ Usage:
     python build_scripts/render_configs.py            # write the configs
     python build_scripts/render_configs.py --check    # exit 1 if the committed configs differ
 
-Writes model_repository/{preprocessing,postprocessing,tensorrt_llm,tensorrt_llm_bls}/config.pbtxt and
-ensembles/ensemble/config.pbtxt (each with an empty version folder ``1/`` kept by ``.gitkeep``), plus
+Writes model_repository/{preprocessing,postprocessing,tensorrt_llm,tensorrt_llm_bls,llm_router,moderated_llm}/
+config.pbtxt and ensembles/ensemble/config.pbtxt (each with an empty version folder ``1/`` kept by
+``.gitkeep``), plus
 ``<model>/configs/<profile>.pbtxt`` for each profile named in the deployment's ``profiles:`` (rendered by
 ``build_scripts/profiles/<profile>.py``).
 
@@ -15,6 +16,9 @@ Invariants:
 - Tensor names / dtypes / dims come only from ``tritonllm.contract``; settings only from the deployment.
 - Path parameters (``PATH_PARAMS``) are given relative to the repository root in the deployment and are
   written relative to the model's directory (``tritonllm.paths`` resolves them back); absolute stays.
+- ``moderated_llm`` is a BLS model (backend ``llm_router``, mode ``moderate``), not an ensemble: Triton
+  refuses an ensemble whose outputs mix a decoupled step's lineage (tensorrt_llm) with another step's
+  (prompt_guard): "receives inputs originated from different decoupled models" (docs/routing.md).
 - Nothing is written unless the cross-checks (``config_checks.check_pipeline``) pass for every profile.
 """
 from __future__ import annotations
@@ -46,13 +50,18 @@ MODEL_DIRS = {
     C.TENSORRT_LLM: "model_repository/tensorrt_llm",
     C.BLS: "model_repository/tensorrt_llm_bls",
     C.ENSEMBLE: "ensembles/ensemble",
+    C.ROUTER: "model_repository/llm_router",
+    C.MODERATED: "model_repository/moderated_llm",
 }
+UNBATCHED = (C.BLS, C.ROUTER, C.MODERATED)  # BLS models fan out to batched models: no batcher in front
 # Parameters each model receives from the `llm:` section (besides its own `parameters:`).
 LLM_PARAMS = {
     C.PREPROCESSING: ("tokenizer_dir",),
     C.POSTPROCESSING: ("tokenizer_dir",),
     C.TENSORRT_LLM: ("gpt_model_path", "tokenizer_dir"),
     C.BLS: ("tokenizer_dir",),
+    C.ROUTER: (),
+    C.MODERATED: (),
 }
 ALLOWED_VALUES = {
     "gpt_model_type": {"inflight_fused_batching", "V1"},
@@ -136,7 +145,7 @@ def python_model(name: str, spec: dict, llm: dict, repo: Path) -> mc.ModelConfig
     cfg.output.extend(tensor_msg(t, mc.ModelOutput) for t in outputs)
     if spec.get("decoupled", False):
         cfg.model_transaction_policy.decoupled = True
-    if name != C.BLS:  # the BLS fans out to the batched models itself; NVIDIA's BLS has no batcher either
+    if name not in UNBATCHED:  # NVIDIA's BLS has no batcher either
         cfg.dynamic_batching.max_queue_delay_microseconds = int(llm.get("max_queue_delay_microseconds", 0))
     cfg.instance_group.add(count=int(spec.get("instance_count", 1)), kind=mc.ModelInstanceGroup.KIND_CPU)
     params = {k: llm[k] for k in LLM_PARAMS[name]}

@@ -48,6 +48,9 @@ TENSORRT_LLM = "tensorrt_llm"
 POSTPROCESSING = "postprocessing"
 ENSEMBLE = "ensemble"
 BLS = "tensorrt_llm_bls"
+PROMPT_GUARD = "prompt_guard"      # classical text classifier (build_scripts/build_classical.py)
+ROUTER = "llm_router"              # BLS cascade: prompt_guard picks refuse / small / large LLM slot
+MODERATED = "moderated_llm"        # BLS (llm_router, mode moderate): ensemble + prompt_guard, both answers
 
 # --------------------------------------------------------------------------- tensorrt_llm
 # input_ids is optional in NVIDIA's current config only because encoder-decoder models send
@@ -256,6 +259,26 @@ def ensemble_steps(*, engine_stream_keys: bool = True) -> tuple[tuple[str, dict[
 
 ENSEMBLE_STEPS = ensemble_steps()
 
+# --------------------------------------------------------------------------- moderation / routing
+# prompt_guard's tensors, as build_scripts/classical_configs.py derives them from its ONNX graph (a unit
+# test compares them with the built config.pbtxt).
+PROMPT_GUARD_LABELS = ("complex", "simple", "unsafe")  # scikit-learn's classes_ order (sorted)
+PROMPT_GUARD_INPUTS: tuple[Tensor, ...] = (Tensor("text", "TYPE_STRING", (1,)),)
+PROMPT_GUARD_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("label", "TYPE_STRING", (1,)),
+    Tensor("probabilities", "TYPE_FP32", (len(PROMPT_GUARD_LABELS),)),
+)
+# prompt_guard output -> client output name, in moderated_llm and llm_router alike.
+MODERATION_OUTPUT_NAMES: dict[str, str] = {"label": "moderation_label",
+                                           "probabilities": "moderation_probabilities"}
+MODERATION_OUTPUTS: tuple[Tensor, ...] = tuple(
+    Tensor(MODERATION_OUTPUT_NAMES[t.name], t.dtype, t.dims) for t in PROMPT_GUARD_OUTPUTS)
+# Not an ensemble step: Triton (2.49-2.51) refuses an ensemble whose outputs come from a decoupled step
+# (tensorrt_llm) and from another step ("receives inputs originated from different decoupled models"),
+# so moderated_llm / llm_router are BLS models (backends/llm_router).
+# The routers' extra output: which way the request went (routing.Route.name).
+ROUTE_OUTPUT = Tensor("route", "TYPE_STRING", (1,))
+
 # Which tensors each model of the pipeline declares, by model name.
 MODEL_TENSORS: dict[str, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {
     PREPROCESSING: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
@@ -263,6 +286,9 @@ MODEL_TENSORS: dict[str, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {
     POSTPROCESSING: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
     ENSEMBLE: (TEXT_INPUTS, TEXT_OUTPUTS),
     BLS: (TEXT_INPUTS, TEXT_OUTPUTS),
+    PROMPT_GUARD: (PROMPT_GUARD_INPUTS, PROMPT_GUARD_OUTPUTS),
+    ROUTER: (TEXT_INPUTS, (*TEXT_OUTPUTS, ROUTE_OUTPUT, *MODERATION_OUTPUTS)),
+    MODERATED: (TEXT_INPUTS, (*TEXT_OUTPUTS, ROUTE_OUTPUT, *MODERATION_OUTPUTS)),
 }
 
 

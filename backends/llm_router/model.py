@@ -1,0 +1,148 @@
+"""Triton Python-based backend ``llm_router``: serves models ``llm_router`` (mode ``route``, a BLS cascade) and
+``moderated_llm`` (mode ``moderate``), both decoupled, with the client contract of ``tensorrt_llm_bls``
+plus outputs ``route``, ``moderation_label``, ``moderation_probabilities``.
+
+Per request, on a worker thread (``execute`` returns at once): validate (``bls_stream.parse_request``, so a
+bad input is INVALID_ARG naming it before any model runs), then
+- route: ``guard_model`` via BLS ``exec()`` -> ``routing.decide`` -> refusal (one response, no LLM call)
+  or the chosen slot via ``exec(decoupled=True)`` with the client's tensors unchanged;
+- moderate: ``answer_model`` is started first, ``guard_model`` runs meanwhile;
+and the answering model's responses are relayed by ``routing.Relay``. Logic: tritonllm.routing.
+
+Cancellation: Triton 2.51's python_backend cannot cancel a BLS response iterator, so a cancelled client
+stops receiving at once, but the chosen slot finishes its request (bounded by max_tokens); the iterator
+is always drained so nothing stays pending.
+
+Config parameters (string_value): mode, guard_model, small_model, large_model, min_confidence,
+refusal_message, answer_model, max_inflight_requests (worker threads, default 64).
+"""
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import triton_python_backend_utils as pb_utils
+
+# The stub builds sys.path itself (PYTHONPATH is ignored): make the sibling library package importable.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+
+from tritonllm import contract as C  # noqa: E402
+from tritonllm import routing as R  # noqa: E402
+from tritonllm.text import bls_stream as B  # noqa: E402
+from tritonllm.text.preprocess import InvalidInput  # noqa: E402
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class _Failed(Exception):
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.config = R.RouterConfig.from_params(params)
+        self.input_names = [t["name"] for t in config.get("input", [])]
+        self.output_names = {t["name"] for t in config.get("output", [])}
+        self.name = config.get("name", "llm_router")
+        extra = {C.ROUTE_OUTPUT.name, *C.MODERATION_OUTPUT_NAMES.values()}
+        self.inner_outputs = sorted(self.output_names - extra)  # what the answering model itself returns
+        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_inflight_requests") or 64),
+                                       thread_name_prefix="router")
+
+    def execute(self, requests):
+        for request in requests:
+            arrays = {}
+            for name in self.input_names:
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                if t is not None:
+                    arrays[name] = t.as_numpy()
+            self.pool.submit(self._run, request.get_response_sender(), arrays)
+        return None
+
+    # ---- worker thread -----------------------------------------------------------------------------
+    def _run(self, sender, arrays):
+        try:
+            req = B.parse_request(arrays)
+            if self.config.mode == R.MODERATE:
+                # The answer does not depend on the verdict: the LLM starts first, the classifier
+                # (about a millisecond) runs while the prompt is prefilled.
+                responses = self._start(self.config.answer_model, arrays)
+                try:
+                    verdict = self._classify(req.text)
+                except BaseException:
+                    for _ in responses:  # drained: nothing may stay pending
+                        pass
+                    raise
+                self._relay(sender, R.decide(self.config, verdict), req.stream, responses)
+                return
+            route = R.decide(self.config, self._classify(req.text))
+            if route.model is None:  # refused: the LLM is never called
+                sender.send(self._response(R.refusal_outputs(self.config, route)), flags=FINAL)
+            else:
+                self._relay(sender, route, req.stream, self._start(route.model, arrays))
+        except InvalidInput as e:
+            self._fail(sender, str(e), pb_utils.TritonError.INVALID_ARG)
+        except _Failed as e:
+            self._fail(sender, str(e), e.code)
+        except Exception as e:  # never let one request take the model down
+            pb_utils.Logger.log_error(f"{self.name}: {e!r}")
+            self._fail(sender, f"{self.name}: internal error: {e}", pb_utils.TritonError.INTERNAL)
+
+    def _classify(self, text):
+        inputs = [pb_utils.Tensor(k, v) for k, v in R.guard_inputs(text).items()]
+        resp = pb_utils.InferenceRequest(model_name=self.config.guard_model, inputs=inputs,
+                                         requested_output_names=["label", "probabilities"]).exec()
+        if resp.has_error():
+            raise _Failed(f"{self.config.guard_model}: {resp.error().message()}", _code(resp.error()))
+        return R.parse_verdict({t.name(): t.as_numpy() for t in resp.output_tensors()})
+
+    def _start(self, model, arrays):
+        """Send the client's tensors unchanged to ``model`` (same contract); its response iterator."""
+        return pb_utils.InferenceRequest(
+            model_name=model, inputs=[pb_utils.Tensor(k, v) for k, v in arrays.items()],
+            requested_output_names=self.inner_outputs).exec(decoupled=True)
+
+    def _relay(self, sender, route, stream, responses):
+        relay = R.Relay(stream, R.route_outputs(route))
+        error, cancelled = None, False
+        for resp in responses:  # drained to the end: nothing may stay pending
+            if error is not None or cancelled:
+                continue
+            if resp.has_error():
+                error = _Failed(resp.error().message(), _code(resp.error()))
+                continue
+            tensors = resp.output_tensors()
+            if not tensors:  # the inner flag-only final response
+                continue
+            now = relay.push({t.name(): t.as_numpy() for t in tensors})
+            if now is not None:
+                if sender.is_cancelled():
+                    cancelled = True
+                    continue
+                sender.send(self._response(now), flags=0)
+        if error is not None:
+            raise error
+        final = relay.close()
+        if final is None:
+            sender.send(flags=FINAL)
+        else:
+            sender.send(self._response(final), flags=FINAL)
+
+    def _response(self, arrays):
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
+
+    @staticmethod
+    def _fail(sender, message, code):
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
+
+    def finalize(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _code(error):
+    return error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
