@@ -94,3 +94,23 @@ $(GENAI_VENV)/bin/genai-perf:
 perf: build $(GENAI_VENV)/bin/genai-perf
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/perf_llm.py --genai-venv $(GENAI_VENV) $(PERF_ARGS)
+
+# ---- Reliability (issue 8). `make soak`: mixed load for SOAK_MINUTES against its own server, report of
+# requests, errors by kind and stub RSS drift (build/soak/report.json), then the slow reliability tests.
+# `make serve-prod`: the production profile (deploy/production.args: admin APIs need the admin-key
+# header); TRITON_ADMIN_KEY must be set in the environment (see docs/security.md).
+SOAK_MINUTES ?= 10
+SOAK_WORKERS ?= 6
+
+.PHONY: soak serve-prod
+soak: build
+	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --workers $(SOAK_WORKERS)
+	$(PY) -m pytest tests/integration/test_overload_faults.py --run-slow -s $(PYTEST_ARGS)
+
+serve-prod: build
+	@test -n "$$TRITON_ADMIN_KEY" || { echo "serve-prod: set TRITON_ADMIN_KEY (see docs/security.md)"; exit 2; }
+	$(PY) -m tritonllm.serving.launcher \
+		$(if $(HTTP_PORT),--http-port $(HTTP_PORT)) \
+		$(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
+		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT)) \
+		-- $$($(PY) -c "import os; print(' '.join(os.path.expandvars(l.strip()) for l in open('deploy/production.args') if l.strip() and not l.lstrip().startswith('#')))") $(SERVE_ARGS)

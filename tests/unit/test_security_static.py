@@ -1,0 +1,135 @@
+"""Static security checks over the server-side code (backends/): no remote code, no pickles, no request-
+controlled paths. These read the source with ``ast`` (not regexes over text), so a call split over lines
+or a keyword given by position is still seen.
+
+Invariants checked:
+- every ``from_pretrained`` call passes ``trust_remote_code=False`` and ``local_files_only=True``;
+- nothing imports pickle, joblib, dill, cloudpickle, calls ``torch.load``, or ``np.load`` without
+  ``allow_pickle=False``;
+- checkpoints are read only through safetensors: a directory with only a pickled ``.bin`` is refused;
+- no tensor a client may send names a path (every path comes from config.pbtxt, never a request);
+- a relative path parameter that escapes the repository is refused by ``tritonllm.paths``.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = sorted(p for p in (ROOT / "backends").rglob("*.py") if "__pycache__" not in p.parts)
+PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "joblib", "dill", "cloudpickle", "shelve", "marshal"}
+
+
+def _calls():
+    for path in SOURCES:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                yield path, node
+
+
+def _func_name(call: ast.Call) -> str:
+    f = call.func
+    if isinstance(f, ast.Attribute):
+        base = f.value.id if isinstance(f.value, ast.Name) else "?"
+        return f"{base}.{f.attr}"
+    return f.id if isinstance(f, ast.Name) else "?"
+
+
+def _kw(call: ast.Call, name: str):
+    for kw in call.keywords:
+        if kw.arg == name and isinstance(kw.value, ast.Constant):
+            return kw.value.value
+    return "<absent>"
+
+
+def test_sources_were_found():
+    assert len(SOURCES) > 20 and any(p.name == "loader.py" for p in SOURCES)
+
+
+def test_every_from_pretrained_is_local_and_runs_no_remote_code():
+    seen = []
+    for path, call in _calls():
+        if _func_name(call).endswith(".from_pretrained"):
+            where = f"{path.relative_to(ROOT)}:{call.lineno}"
+            seen.append(where)
+            assert _kw(call, "trust_remote_code") is False, f"{where}: trust_remote_code must be False"
+            assert _kw(call, "local_files_only") is True, f"{where}: local_files_only must be True"
+    assert len(seen) >= 3, seen  # tokenizer, config and grammar loading at least
+
+
+def test_no_pickle_loading():
+    for path in SOURCES:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            bad = names & PICKLE_MODULES
+            assert not bad, f"{path.relative_to(ROOT)}:{node.lineno} imports {bad}"
+    for path, call in _calls():
+        name, where = _func_name(call), f"{path.relative_to(ROOT)}:{call.lineno}"
+        assert name != "torch.load", f"{where}: torch.load unpickles"
+        if name in ("np.load", "numpy.load"):
+            assert _kw(call, "allow_pickle") is False, f"{where}: np.load needs allow_pickle=False"
+
+
+def test_pickled_checkpoint_is_refused(tmp_path):
+    from tritonllm.engine.loader import load_weights
+
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_weights(str(tmp_path))
+
+
+def test_corrupt_safetensors_names_the_file(tmp_path):
+    from tritonllm.engine.loader import load_weights
+
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_weights(str(tmp_path))
+
+
+def test_no_client_tensor_names_a_path():
+    from tritonllm import contract
+
+    names = set()
+    for value in vars(contract).values():
+        if isinstance(value, tuple) and value and all(hasattr(t, "name") and hasattr(t, "dtype") for t in value):
+            names.update(t.name for t in value)
+    assert "text_input" in names and "input_ids" in names
+    pathlike = {n for n in names if any(w in n.lower() for w in ("path", "dir", "file", "url", "repo"))}
+    assert not pathlike, pathlike
+
+
+def test_relative_path_parameters_cannot_escape_the_repository(tmp_path):
+    from tritonllm.paths import resolve_param_path
+
+    repo = tmp_path / "repo"
+    model_dir = repo / "tensorrt_llm"
+    model_dir.mkdir(parents=True)
+    (tmp_path / "secret").mkdir()
+    (model_dir / "link").symlink_to(tmp_path / "secret")
+    for value in ("../../secret", "link", "../tensorrt_llm/../../secret"):
+        with pytest.raises(ValueError, match="gpt_model_path"):
+            resolve_param_path(value, model_dir, name="gpt_model_path", confine=repo)
+
+
+@pytest.mark.xfail(strict=True, reason="defect: the adapters resolve path parameters without confine= "
+                   "(torchllm joins gpt_model_path / tokenizer_dir by hand; tokenizer, detokenizer and llm_bls "
+                   "call resolve_param_path without confine)")
+def test_every_adapter_confines_its_path_parameters():
+    for path in sorted((ROOT / "backends").glob("*/model.py")):
+        text = path.read_text()
+        if "gpt_model_path" not in text and "tokenizer_dir" not in text:
+            continue
+        calls = [c for p, c in _calls() if p == path and _func_name(c).endswith("resolve_param_path")]
+        assert calls, f"{path.relative_to(ROOT)} reads a path parameter without resolve_param_path"
+        for call in calls:
+            assert any(kw.arg == "confine" for kw in call.keywords), f"{path.relative_to(ROOT)}:{call.lineno}"
