@@ -20,7 +20,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.paths import model_dir_from_args, resolve_param_path
+from tritonllm.paths import model_dir_from_args, project_root, resolve_param_path
 from tritonllm.text.postprocess import Postprocessor
 from tritonllm.text.tokenizer import load_tokenizer, parse_bool
 
@@ -29,8 +29,9 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        tokenizer_dir = resolve_param_path(params.get("tokenizer_dir", ""), model_dir_from_args(args),
-                                           name="tokenizer_dir", must_exist=True)
+        model_dir = model_dir_from_args(args)
+        tokenizer_dir = resolve_param_path(params.get("tokenizer_dir", ""), model_dir, name="tokenizer_dir",
+                                           confine=project_root(model_dir), must_exist=True)
         self.post = Postprocessor(
             load_tokenizer(tokenizer_dir),
             skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True),

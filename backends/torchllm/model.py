@@ -23,6 +23,7 @@ from tritonllm.engine.request import InvalidRequest, QueueFull
 from tritonllm.engine.runner import EngineRunner
 from tritonllm.llm_io import engine_config_from_parameters, parse_request, response_arrays
 from tritonllm.metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics
+from tritonllm.paths import project_root, resolve_param_path
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -76,15 +77,15 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.output_names = {o["name"] for o in config.get("output", [])}
-        model_path = params.get("gpt_model_path", "")
-        if not model_path:
-            raise pb_utils.TritonModelException("parameter gpt_model_path is required")
-        if not os.path.isabs(model_path):
-            model_path = os.path.normpath(os.path.join(args["model_repository"], model_path))
+        model_dir = args["model_repository"]
+        root = project_root(model_dir)
+        model_path = str(resolve_param_path(params.get("gpt_model_path", ""), model_dir,
+                                            name="gpt_model_path", confine=root, must_exist=True))
         engine_config, self.default_exclude_input = engine_config_from_parameters(params)
         tokenizer_dir = params.get("tokenizer_dir", "")
         if tokenizer_dir and not tokenizer_dir.startswith("${"):
-            engine_config.tokenizer_dir = os.path.normpath(os.path.join(args["model_repository"], tokenizer_dir))
+            engine_config.tokenizer_dir = str(resolve_param_path(tokenizer_dir, model_dir, name="tokenizer_dir",
+                                                                 confine=root))
         self.engine = LLMEngine(model_path, engine_config)
         self.cancel_period = float(params.get("cancellation_check_period_ms", "50") or 50) / 1000.0
         self.logger = pb_utils.Logger
@@ -111,7 +112,8 @@ class TritonPythonModel:
                              "frequency_penalty", "len_penalty", "seed", "streaming", "return_log_probs",
                              "exclude_input_in_output", "stop", "return_context_logits",
                              "return_generation_logits", "stop_words_list", "bad_words_list",
-                             "guided_decoding_guide_type", "guided_decoding_guide"):
+                             "guided_decoding_guide_type", "guided_decoding_guide", "lora_task_id",
+                             "embedding_bias"):
                     t = pb_utils.get_input_tensor_by_name(request, name)
                     if t is not None:
                         arrays[name] = t.as_numpy()

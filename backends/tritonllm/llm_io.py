@@ -104,6 +104,11 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
     nret = _scalar(arrays, "num_return_sequences", 1)
     if nret != 1:
         raise InvalidRequest(f"num_return_sequences {nret} is not supported (only 1)")
+    if arrays.get("lora_task_id") is not None:
+        raise InvalidRequest("lora_task_id: LoRA adapters are not supported by this engine")
+    bias = arrays.get("embedding_bias")
+    if bias is not None and bias.size:
+        raise InvalidRequest("embedding_bias is not supported by this engine")
     for flag in ("return_context_logits", "return_generation_logits"):
         if _scalar(arrays, flag, False):
             raise InvalidRequest(f"{flag} is not supported by this engine")

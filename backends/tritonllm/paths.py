@@ -45,6 +45,11 @@ def resolve_param_path(
     return resolved
 
 
+def project_root(model_dir: str | os.PathLike) -> Path:
+    """The checkout that holds `<root>/<repository>/<model>`: relative path parameters stay inside it."""
+    return Path(model_dir).resolve().parent.parent
+
+
 def model_dir_from_args(args: dict) -> Path:
     """The model's directory from a Python backend's ``initialize(args)``."""
     return Path(args["model_repository"]).resolve()

@@ -75,10 +75,8 @@ CASES = [
      "stop_words_list"),
     ("llm-bad-words-not-increasing", LLM, _ids(bad_words_list=np.array([[[5, 6, 7], [2, 1, -1]]], I32)),
      "bad_words_list"),
-    pytest.param("llm-embedding-bias-wrong-length", LLM, _ids(embedding_bias=np.array([[0.5, 1.0]], F32)),
-                 "embedding_bias", marks=_DEFECT("a 2-element embedding_bias (vocab 4096) is accepted")),
-    pytest.param("llm-unknown-lora-adapter", LLM, _ids(lora_task_id=np.array([[987654]], np.uint64)), "lora",
-                 marks=_DEFECT("lora_task_id is silently ignored (no LoRA support, no refusal)")),
+    ("llm-embedding-bias-wrong-length", LLM, _ids(embedding_bias=np.array([[0.5, 1.0]], F32)), "embedding_bias"),
+    ("llm-unknown-lora-adapter", LLM, _ids(lora_task_id=np.array([[987654]], np.uint64)), "lora"),
     ("llm-num-return-sequences-zero", LLM, _ids(num_return_sequences=np.array([[0]], I32)),
      "num_return_sequences"),
     ("llm-input-lengths-mismatch", LLM, _ids(input_lengths=np.array([[7]], I32)), "input_lengths"),
@@ -107,10 +105,8 @@ CASES = [
                                       guided_decoding_guide=_s("{not json")), "guided_decoding_guide"),
     ("bls-unknown-guide-type", BLS, _txt(guided_decoding_guide_type=_s("xml_dtd"),
                                          guided_decoding_guide=_s("x")), "guided_decoding_guide_type"),
-    pytest.param("bls-unknown-lora-adapter", BLS, _txt(lora_task_id=np.array([[987654]], np.uint64)), "lora",
-                 marks=_DEFECT("lora_task_id is silently ignored (no LoRA support, no refusal)")),
-    pytest.param("ens-unknown-lora-adapter", ENS, _txt(lora_task_id=np.array([[987654]], np.uint64)), "lora",
-                 marks=_DEFECT("lora_task_id is silently ignored (no LoRA support, no refusal)")),
+    ("bls-unknown-lora-adapter", BLS, _txt(lora_task_id=np.array([[987654]], np.uint64)), "lora"),
+    ("ens-unknown-lora-adapter", ENS, _txt(lora_task_id=np.array([[987654]], np.uint64)), "lora"),
     ("bls-embedding-bias-mismatch", BLS, _txt(embedding_bias_words=_s("a", "b"),
                                               embedding_bias_weights=np.array([[1.0]], F32)),
      "embedding_bias"),
@@ -124,9 +120,8 @@ CASES = [
      {"TOKENS_BATCH": np.array([[[1.0, 2.0]]], F32), "SEQUENCE_LENGTH": np.array([[2]], I32)}, "TOKENS_BATCH"),
     ("post-sequence-length-past-tokens", "postprocessing",
      {"TOKENS_BATCH": np.array([[[5, 6]]], I32), "SEQUENCE_LENGTH": np.array([[9]], I32)}, "SEQUENCE_LENGTH"),
-    pytest.param("post-token-outside-vocab", "postprocessing",
-                 {"TOKENS_BATCH": np.array([[[5, 10 ** 7]]], I32), "SEQUENCE_LENGTH": np.array([[2]], I32)},
-                 "TOKENS_BATCH", marks=_DEFECT("ids outside the vocabulary are decoded without an error")),
+    ("post-token-outside-vocab", "postprocessing",
+     {"TOKENS_BATCH": np.array([[[5, 10 ** 7]]], I32), "SEQUENCE_LENGTH": np.array([[2]], I32)}, "TOKENS_BATCH"),
     # ---- classical
     ("rf-too-few-features", "tabular_rf", {"input": np.zeros((1, 15), F32)}, "input"),
     ("hgb-too-many-features", "tabular_hgb", {"input": np.zeros((1, 31), F32)}, "input"),
@@ -191,7 +186,7 @@ def test_catalogue_left_the_server_healthy_and_nothing_leaked(triton_server, wit
     assert not witness["thread"].is_alive(), "the in-flight good request hangs"
     box = witness["box"]
     assert not box["errors"], box["errors"]
-    assert len(box["texts"]) >= 2 and set(box["texts"]) == {witness["reference"]}, box["texts"]
+    assert len(box["texts"]) >= 1 and set(box["texts"]) == {witness["reference"]}, box["texts"]
     assert triton_server.is_ready()
     m = wait_idle(triton_server.metrics_url)
     assert m["llm_kv_cache_usage_ratio"] == 0.0 and m["llm_requests_running"] == 0, m

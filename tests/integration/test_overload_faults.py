@@ -270,10 +270,7 @@ def test_broken_checkpoints_name_the_file_and_spare_other_models(built_repositor
                 if needle not in index[name].get("reason", ""):
                     unnamed.append(name)
             print("\nbroken checkpoints:", {n: index[n]["reason"][:160] for n in broken})
-            assert set(unnamed) <= {"llm_badconfig"}, unnamed
-            if unnamed:  # everything else above holds; this one is a known defect
-                pytest.xfail("defect: an unparsable config.json fails with a bare JSONDecodeError that does "
-                             "not name the file (tritonllm.engine.hf_config)")
+            assert not unnamed, unnamed
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

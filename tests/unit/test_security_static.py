@@ -121,9 +121,6 @@ def test_relative_path_parameters_cannot_escape_the_repository(tmp_path):
             resolve_param_path(value, model_dir, name="gpt_model_path", confine=repo)
 
 
-@pytest.mark.xfail(strict=True, reason="defect: the adapters resolve path parameters without confine= "
-                   "(torchllm joins gpt_model_path / tokenizer_dir by hand; tokenizer, detokenizer and llm_bls "
-                   "call resolve_param_path without confine)")
 def test_every_adapter_confines_its_path_parameters():
     for path in sorted((ROOT / "backends").glob("*/model.py")):
         text = path.read_text()

@@ -59,6 +59,7 @@ class Postprocessor:
     def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True, max_streams: int = 1024,
                  stream_ttl_s: float = 60.0) -> None:
         traits = tokenizer_traits(tokenizer)
+        self.vocab_size = len(tokenizer)
 
         def factory(hold_byte_runs: bool = True) -> IncrementalDetokenizer:
             return IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens, traits=traits,
@@ -86,6 +87,11 @@ class Postprocessor:
         lengths = lengths.reshape(batch, beams)
         if (lengths < 0).any() or (lengths > width).any():
             raise InvalidInput(f"SEQUENCE_LENGTH must be within [0, {width}], got {lengths.tolist()}")
+        valid = np.arange(width)[None, None, :] < lengths[:, :, None]
+        bad = valid & ((tokens < 0) | (tokens >= self.vocab_size))
+        if bad.any():
+            raise InvalidInput(f"TOKENS_BATCH holds ids outside the vocabulary [0, {self.vocab_size}): "
+                               f"{sorted(set(tokens[bad].tolist()))[:5]}")
         keys = _per_request(inputs.get("REQUEST_KEY"), "REQUEST_KEY", batch)
         finals = _per_request(inputs.get("IS_FINAL"), "IS_FINAL", batch)
 

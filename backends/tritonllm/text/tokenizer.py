@@ -84,6 +84,21 @@ def _id_from_model_files(directory: str, key: str) -> int | None:
     return None
 
 
+def max_prompt_bytes(tokenizer: Any, directory: str | None) -> int | None:
+    """A byte length beyond which a prompt surely exceeds the model's context, so it can be refused
+    before tokenizing (tokenizing megabytes takes minutes): context tokens x the longest token's bytes
+    (UTF-8 of the vocabulary strings, an upper bound for byte-level and SentencePiece vocabularies)."""
+    context = None
+    path = os.path.join(directory, "config.json") if directory else ""
+    if path and os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            context = json.load(f).get("max_position_embeddings")
+    if not isinstance(context, int) or context <= 0:
+        return None
+    longest = max((len(t.encode("utf-8")) for t in tokenizer.get_vocab()), default=1)
+    return context * max(longest, 1)
+
+
 @dataclass(frozen=True)
 class EncodedPrompt:
     """Token ids of one prompt and the text they were made from (after any chat template)."""
@@ -120,6 +135,7 @@ class TextTokenizer:
         self.pad_id = int(pad) if pad is not None else self.eos_id
         if chat_mode == "on" and not self.has_chat_template:
             raise ValueError("chat mode 'on' needs a tokenizer with a chat template")
+        self.max_prompt_bytes = max_prompt_bytes(tokenizer, model_dir)
 
     @classmethod
     def from_dir(cls, directory: str, **kwargs: Any) -> "TextTokenizer":
@@ -145,6 +161,10 @@ class TextTokenizer:
         """
         if not text:
             raise ValueError("prompt is empty")
+        if self.max_prompt_bytes and len(text) > self.max_prompt_bytes // 4 \
+                and len(text.encode("utf-8")) > self.max_prompt_bytes:
+            raise ValueError(f"prompt is {len(text.encode('utf-8'))} bytes: longer than the model's context "
+                             f"can hold (refused before tokenizing; at most {self.max_prompt_bytes} bytes)")
         messages = parse_chat_messages(text) if self.chat_mode != "off" else None
         if messages is None and self.chat_mode == "on":
             messages = [{"role": "user", "content": text}]
