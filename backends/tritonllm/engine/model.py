@@ -127,7 +127,7 @@ class Transformer:
             inter = gu.shape[-1] // 2
             h = h + linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.down, layer.down_b)
         h = rms_norm(h.index_select(0, logits_rows), self.norm, spec.rms_norm_eps)
-        return F.linear(h, self.lm_head).float()
+        return linear(h, self.lm_head).float()
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    meta: AttentionMeta) -> torch.Tensor:
