@@ -18,7 +18,7 @@ from .loader import load_model
 from .model import AttentionMeta, Transformer
 from .request import InvalidRequest, Request, RequestOutput, SamplingParams
 from .sampler import sample
-from .speculative import propose_ngram, verify_greedy
+from .speculative import propose_ngram, verify_greedy, verify_sampled
 from .scheduler import Scheduler
 
 
@@ -226,7 +226,7 @@ class LLMEngine:
         for req in self.scheduler.running:
             p = req.params
             req.draft = []
-            if (req.num_computed != len(req.token_ids) - 1 or not p.greedy or p.needs_penalties
+            if (req.num_computed != len(req.token_ids) - 1 or p.needs_penalties
                     or p.bad_words or req.num_output < p.min_tokens or req.matcher is not None):
                 continue
             room = min(self.config.max_draft_len, p.max_tokens - req.num_output - 1,
@@ -234,15 +234,18 @@ class LLMEngine:
             req.draft = propose_ngram(req.token_ids, room, self.config.ngram_max)
 
     def _accept(self, req: Request, logits: torch.Tensor) -> list[RequestOutput]:
-        """Verifies a draft (greedy, lossless) and appends the accepted tokens one by one."""
+        """Verifies a draft (greedy or rejection sampling, both lossless), appends the tokens one by one."""
         draft, req.draft = req.draft, []
-        new, target = verify_greedy(logits, draft)
+        if req.params.greedy:
+            new, target = verify_greedy(logits, draft)
+            lps = [0.0] * len(new)
+            if req.params.return_log_probs:
+                lps = torch.log_softmax(logits[:len(new)], -1).gather(1, target[:, None]).squeeze(1).tolist()
+        else:
+            new, lps = verify_sampled(logits, draft, req.params, req.generator)
         self.stats.draft_tokens += len(draft)
         self.stats.accepted_draft_tokens += len(new) - 1
         req.num_computed += len(new)        # the last token + accepted drafts now have valid KV
-        lps = [0.0] * len(new)
-        if req.params.return_log_probs:
-            lps = torch.log_softmax(logits[:len(new)], -1).gather(1, target[:, None]).squeeze(1).tolist()
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
         outputs = []

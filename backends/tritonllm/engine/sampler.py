@@ -36,19 +36,23 @@ def apply_processors(logits: torch.Tensor, req: Request, end_ids: frozenset[int]
         _ban(logits, {w[0] for w in p.stop_words if len(w) == 1})
 
 
-def _sample_row(logits: torch.Tensor, req: Request) -> int:
-    p = req.params
-    if p.top_k > 0:
-        kth = torch.topk(logits, min(p.top_k, logits.shape[-1])).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if 0.0 < p.top_p < 1.0:
+def target_probs(scaled: torch.Tensor, params) -> torch.Tensor:
+    """The distribution a sampled request draws from: temperature-scaled logits, top-k, then top-p."""
+    if params.top_k > 0:
+        kth = torch.topk(scaled, min(params.top_k, scaled.shape[-1])).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if 0.0 < params.top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
         cum = sorted_p.cumsum(-1)
-        drop = (cum - sorted_p) > p.top_p          # keep the smallest prefix whose mass reaches top_p
+        drop = (cum - sorted_p) > params.top_p     # keep the smallest prefix whose mass reaches top_p
         sorted_p[drop] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-    return int(torch.multinomial(probs, 1, generator=req.generator).item())
+    return probs
+
+
+def _sample_row(logits: torch.Tensor, req: Request) -> int:
+    return int(torch.multinomial(target_probs(logits, req.params), 1, generator=req.generator).item())
 
 
 def sample(logits: torch.Tensor, reqs: list[Request], end_ids_of) -> tuple[list[int], list[float]]:

@@ -5,10 +5,17 @@ A draft is the continuation of the most recent earlier occurrence of the sequenc
 in one forward pass; the longest draft prefix that equals the target's own argmax is accepted, followed by
 the target's token at the first mismatch (or after the last draft). So the output is token for token the
 non-speculative greedy output, and each step yields 1..k+1 tokens.
+
+Sampled requests (temperature / top-k / top-p, no penalties) use rejection sampling: the draft is a
+deterministic proposal, so draft token d is accepted with probability p(d) under the target distribution,
+and on rejection the token is drawn from p with d removed (renormalised). Each emitted token is then
+distributed exactly as p: P(d) = p(d), P(x != d) = (1 - p(d)) p(x) / (1 - p(d)).
 """
 from __future__ import annotations
 
 import torch
+
+from .sampler import target_probs
 
 
 def propose_ngram(tokens: list[int], k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
@@ -32,3 +39,27 @@ def verify_greedy(logits: torch.Tensor, draft: list[int]) -> tuple[list[int], to
     while a < len(draft) and draft[a] == target[a]:
         a += 1
     return draft[:a] + [target[a]], logits.new_tensor(target[:a + 1], dtype=torch.long)
+
+
+def verify_sampled(logits: torch.Tensor, draft: list[int], params, generator) -> tuple[list[int], list[float]]:
+    """`logits` [k+1, V] as in verify_greedy. Returns the tokens to append and their log-probs."""
+    out: list[int] = []
+    lps: list[float] = []
+    for i in range(len(draft) + 1):
+        scaled = logits[i] / params.temperature
+        probs = target_probs(scaled, params)
+        logp = torch.log_softmax(scaled, -1)
+        if i < len(draft):
+            d = draft[i]
+            u = torch.rand((), generator=generator, device=probs.device)
+            if u < probs[d]:
+                out.append(d)
+                lps.append(float(logp[d]))
+                continue
+            probs = probs.clone()
+            probs[d] = 0.0
+        tok = int(torch.multinomial(probs, 1, generator=generator).item())
+        out.append(tok)
+        lps.append(float(logp[tok]))
+        break
+    return out, lps
