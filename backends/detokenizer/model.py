@@ -16,22 +16,18 @@ stream's chunks in order. Stream state lives in this process: the model must run
 (``instance_group { count: 1 }``), otherwise chunks of one stream land in different processes.
 """
 
-import json
 
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.paths import model_dir_from_args, project_root, resolve_param_path
+from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.postprocess import Postprocessor
 from tritonllm.text.tokenizer import load_tokenizer, parse_bool
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        model_dir = model_dir_from_args(args)
-        tokenizer_dir = resolve_param_path(params.get("tokenizer_dir", ""), model_dir, name="tokenizer_dir",
-                                           confine=project_root(model_dir), must_exist=True)
+        config, params = model_parameters(args)
+        tokenizer_dir = model_path_param(args, params, "tokenizer_dir")
         self.post = Postprocessor(
             load_tokenizer(tokenizer_dir),
             skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True),

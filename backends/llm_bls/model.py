@@ -19,7 +19,6 @@ skip_special_tokens (default true), max_inflight_requests (worker threads, defau
 queue), accumulate_tokens (NVIDIA's; ignored: deltas are exact without it).
 """
 import itertools
-import json
 import os
 import sys
 import threading
@@ -32,7 +31,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from tritonllm import contract as C  # noqa: E402
-from tritonllm.paths import model_dir_from_args, project_root, resolve_param_path  # noqa: E402
+from tritonllm.paths import model_parameters, model_path_param  # noqa: E402
 from tritonllm.text import bls_stream as B  # noqa: E402
 from tritonllm.text.detokenizer import tokenizer_traits  # noqa: E402
 from tritonllm.text.preprocess import InvalidInput  # noqa: E402
@@ -61,11 +60,8 @@ class _Job:
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        model_dir = model_dir_from_args(args)
-        tokenizer_dir = resolve_param_path(params.get("tokenizer_dir", ""), model_dir, name="tokenizer_dir",
-                                           confine=project_root(model_dir), must_exist=True)
+        config, params = model_parameters(args)
+        tokenizer_dir = model_path_param(args, params, "tokenizer_dir")
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.traits = tokenizer_traits(self.tokenizer)
         self.skip_special = parse_bool(params.get("skip_special_tokens"), True)

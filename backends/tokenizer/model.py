@@ -15,23 +15,19 @@ Invariants: one response per request, in order; a bad request gets an INVALID_AR
 input and does not affect the other requests of the batch; unexpected failures are INTERNAL.
 """
 
-import json
 
 import triton_python_backend_utils as pb_utils
 
 from tritonllm.contract import with_client_names
-from tritonllm.paths import model_dir_from_args, project_root, resolve_param_path
+from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.preprocess import preprocess
 from tritonllm.text.tokenizer import TextTokenizer, chat_mode_from_params, parse_bool
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        model_dir = model_dir_from_args(args)
-        tokenizer_dir = resolve_param_path(params.get("tokenizer_dir", ""), model_dir, name="tokenizer_dir",
-                                           confine=project_root(model_dir), must_exist=True)
+        config, params = model_parameters(args)
+        tokenizer_dir = model_path_param(args, params, "tokenizer_dir")
         self.tokenizer = TextTokenizer.from_dir(
             str(tokenizer_dir),
             add_special_tokens=parse_bool(params.get("add_special_tokens"), True),

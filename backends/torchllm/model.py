@@ -5,7 +5,6 @@ engine on a background thread serves every request; streaming sends each new-tok
 response at the end. Client cancellation and the `stop` input abort the request and free its KV blocks.
 """
 import itertools
-import json
 import logging
 import os
 import sys
@@ -23,7 +22,7 @@ from tritonllm.engine.request import InvalidRequest, QueueFull
 from tritonllm.engine.runner import EngineRunner
 from tritonllm.llm_io import engine_config_from_parameters, parse_request, response_arrays
 from tritonllm.metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics
-from tritonllm.paths import project_root, resolve_param_path
+from tritonllm.paths import model_parameters, model_path_param
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -74,18 +73,13 @@ class TritonPythonModel:
         lib_log = logging.getLogger("tritonllm")
         if not any(isinstance(h, _TritonLogHandler) for h in lib_log.handlers):
             lib_log.addHandler(_TritonLogHandler(logging.WARNING))
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        config, params = model_parameters(args)
         self.output_names = {o["name"] for o in config.get("output", [])}
-        model_dir = args["model_repository"]
-        root = project_root(model_dir)
-        model_path = str(resolve_param_path(params.get("gpt_model_path", ""), model_dir,
-                                            name="gpt_model_path", confine=root, must_exist=True))
+        model_path = str(model_path_param(args, params, "gpt_model_path"))
         engine_config, self.default_exclude_input = engine_config_from_parameters(params)
         tokenizer_dir = params.get("tokenizer_dir", "")
         if tokenizer_dir and not tokenizer_dir.startswith("${"):
-            engine_config.tokenizer_dir = str(resolve_param_path(tokenizer_dir, model_dir, name="tokenizer_dir",
-                                                                 confine=root))
+            engine_config.tokenizer_dir = str(model_path_param(args, params, "tokenizer_dir", must_exist=False))
         self.engine = LLMEngine(model_path, engine_config)
         self.cancel_period = float(params.get("cancellation_check_period_ms", "50") or 50) / 1000.0
         self.logger = pb_utils.Logger

@@ -58,3 +58,18 @@ def model_dir_from_args(args: dict) -> Path:
 def relative_to_model_dir(target: str | os.PathLike, model_dir: str | os.PathLike) -> str:
     """The string to write in a config so that ``resolve_param_path`` finds ``target`` again."""
     return os.path.relpath(Path(target).resolve(), Path(model_dir).resolve())
+
+
+def model_parameters(args: dict) -> tuple[dict, dict[str, str]]:
+    """(model config, its string parameters) from a Python backend's ``initialize(args)``."""
+    import json
+
+    config = json.loads(args["model_config"])
+    return config, {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def model_path_param(args: dict, params: dict[str, str], name: str, *, must_exist: bool = True) -> Path:
+    """A path parameter of the model, resolved against its directory and confined to the checkout."""
+    model_dir = model_dir_from_args(args)
+    return resolve_param_path(params.get(name, ""), model_dir, name=name, confine=project_root(model_dir),
+                              must_exist=must_exist)

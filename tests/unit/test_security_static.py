@@ -126,7 +126,23 @@ def test_every_adapter_confines_its_path_parameters():
         text = path.read_text()
         if "gpt_model_path" not in text and "tokenizer_dir" not in text:
             continue
-        calls = [c for p, c in _calls() if p == path and _func_name(c).endswith("resolve_param_path")]
+        calls = [c for p, c in _calls() if p == path
+                 and _func_name(c).endswith(("resolve_param_path", "model_path_param"))]
         assert calls, f"{path.relative_to(ROOT)} reads a path parameter without resolve_param_path"
-        for call in calls:
-            assert any(kw.arg == "confine" for kw in call.keywords), f"{path.relative_to(ROOT)}:{call.lineno}"
+        for call in calls:  # model_path_param always confines (checked below)
+            assert _func_name(call).endswith("model_path_param") or any(
+                kw.arg == "confine" for kw in call.keywords), f"{path.relative_to(ROOT)}:{call.lineno}"
+
+
+def test_model_path_param_confines_relative_paths(tmp_path):
+    import json
+
+    from tritonllm.paths import model_path_param
+
+    model_dir = tmp_path / "checkout" / "model_repository" / "m"
+    model_dir.mkdir(parents=True)
+    (tmp_path / "checkout" / "build").mkdir()
+    args = {"model_repository": str(model_dir), "model_config": json.dumps({})}
+    assert model_path_param(args, {"p": "../../build"}, "p") == (tmp_path / "checkout" / "build").resolve()
+    with pytest.raises(ValueError, match="'p' points outside"):
+        model_path_param(args, {"p": "../../../elsewhere"}, "p", must_exist=False)
