@@ -16,7 +16,7 @@ METRICS_PORT ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: all serve build test venv configs check-configs clean distclean bench
+.PHONY: all serve build test venv configs check-configs clean distclean bench bench-peers
 
 all: build
 
@@ -73,6 +73,14 @@ bench: build
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/bench_engine.py --triton
 	$(PY) benchmarks/bench_features.py
+
+# Peers on the same workload (not in `make test`, not in CI: ~3.5 GB and ~10 minutes the first time): vLLM CPU
+# and llama.cpp in their own virtualenvs under build/peers, greedy ids checked against ours, table and plot in
+# build/bench/peers.{json,png}. PEERS_ARGS="--peers llamacpp --skip-hf" narrows it.
+PEERS_ARGS ?=
+bench-peers: build
+	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	$(PY) benchmarks/bench_peers.py $(PEERS_ARGS)
 
 # ---- OpenAI-compatible API and the LLM serving benchmark (clients/, benchmarks/perf_llm.py)
 # `make openai` serves /v1 on OPENAI_PORT in front of a running tritonserver's gRPC port (GRPC_PORT,
