@@ -2,7 +2,8 @@
 
 Steps (each one is cached by its own script, so a second run only checks stamps):
   1. the demo LLM checkpoint  build_scripts/build_demo_model.py --out build/models/demo
-     (skipped when deployment.yaml points the LLM at another checkpoint)
+     (skipped when deployment.yaml points the LLM at another checkpoint), then its LoRA adapter
+     build_scripts/build_demo_lora.py (when tensorrt_llm's lora_adapters name build/models/demo-lora/python)
   2. the classical models     build_scripts/build_classical.py   (when present)
   3. the LLM configs          build_scripts/render_configs.py    (deployment.yaml -> config.pbtxt)
 
@@ -23,6 +24,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "build_scripts"
 DEMO_DIR = Path("build/models/demo")
+DEMO_LORA_DIR = Path("build/models/demo-lora/python")
 
 
 def _uses_demo_model() -> bool:
@@ -30,6 +32,13 @@ def _uses_demo_model() -> bool:
         llm = (yaml.safe_load(f) or {}).get("llm") or {}
     demo = (REPO / DEMO_DIR).resolve()
     return any((REPO / str(llm.get(k, ""))).resolve() == demo for k in ("gpt_model_path", "tokenizer_dir"))
+
+
+def _uses_demo_lora() -> bool:
+    with open(REPO / "deployment.yaml") as f:
+        models = (yaml.safe_load(f) or {}).get("models") or {}
+    adapters = (((models.get("tensorrt_llm") or {}).get("parameters") or {}).get("lora_adapters")) or {}
+    return any((REPO / str(p)).resolve() == (REPO / DEMO_LORA_DIR).resolve() for p in adapters.values())
 
 
 def _run(index: int, total: int, title: str, argv: list[str]) -> None:
@@ -51,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     steps: list[tuple[str, list[str]]] = []
     if not args.skip_demo and _uses_demo_model():
         steps.append(("demo LLM", ["build_scripts/build_demo_model.py", "--out", str(DEMO_DIR)]))
+        if _uses_demo_lora():
+            steps.append(("demo LoRA adapter", ["build_scripts/build_demo_lora.py", "--base", str(DEMO_DIR),
+                                                "--out", str(DEMO_LORA_DIR)]))
     if not args.skip_classical and (SCRIPTS / "build_classical.py").exists():
         steps.append(("classical models", ["build_scripts/build_classical.py"]))
     steps.append(("LLM configs", ["build_scripts/render_configs.py"]))

@@ -21,22 +21,20 @@ Usage: python build_scripts/build_demo_model.py --out build/models/demo [--steps
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import math
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import demo_corpus  # noqa: E402  (sibling helper; build_scripts is not a package)
+import cached_build  # noqa: E402  (sibling helpers; build_scripts is not a package)
+import demo_corpus  # noqa: E402
+from cached_build import STAMP  # noqa: E402,F401  (re-exported: the checkpoint's stamp file name)
 
-STAMP = ".build_stamp"
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json", "special_tokens_map.json")
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "build" / "models" / "demo"
@@ -78,7 +76,7 @@ class BuildArgs:
 def _stamp_for(args: BuildArgs) -> str:
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for src in ("build_demo_model.py", "demo_corpus.py"):
+    for src in ("build_demo_model.py", "demo_corpus.py", "cached_build.py"):
         h.update((here / src).read_bytes())
     h.update(json.dumps(asdict(args), sort_keys=True).encode())
     versions = [sys.version] + [metadata.version(p) for p in ("torch", "tokenizers", "transformers")]
@@ -88,9 +86,7 @@ def _stamp_for(args: BuildArgs) -> str:
 
 def is_up_to_date(out_dir: Path, args: BuildArgs) -> bool:
     """The stamp matches these args and sources, and every checkpoint file is there."""
-    out = Path(out_dir)
-    return (out / STAMP).is_file() and (out / STAMP).read_text().strip() == _stamp_for(args) \
-        and all((out / name).is_file() for name in FILES)
+    return cached_build.is_up_to_date(Path(out_dir), _stamp_for(args), FILES)
 
 
 def _log(msg: str) -> None:
@@ -241,34 +237,16 @@ def build_demo_model(out_dir=DEFAULT_OUT, *, force: bool = False, **overrides) -
     a = BuildArgs(**overrides)
     out = Path(out_dir).resolve()
     stamp = _stamp_for(a)  # taken before building: edits made meanwhile must not pass as built
-    if not force and is_up_to_date(out, a):
+    report: dict = {}
+
+    def build(tmp: Path) -> None:
+        report.update(_build_into(tmp, a))
+        report["sample"] = {"prompt": "The", "greedy": sample(tmp)}
+        _write_json(tmp / "build_report.json", {**report, "args": asdict(a)})
+
+    if not cached_build.build_atomically(out, stamp, FILES, build, force=force):
         print(f"{out}: up to date")
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # A concurrent builder of the same output waits here, then finds the stamp matching.
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and is_up_to_date(out, a):
-            print(f"{out}: up to date")
-            return out
-        for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed build (we hold the lock)
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
-            report = _build_into(tmp, a)
-            report["sample"] = {"prompt": "The", "greedy": sample(tmp)}
-            _write_json(tmp / "build_report.json", {**report, "args": asdict(a)})
-            (tmp / STAMP).write_text(stamp + "\n")
-            for path in [tmp, *tmp.iterdir()]:  # mkdtemp (and safetensors) create owner-only modes
-                path.chmod(0o755 if path.is_dir() else 0o644)
-            # Two renames: the old checkpoint stays whole until the new one is complete.
-            old = out.with_name(f".{out.name}.tmp-old")
-            if out.exists():
-                out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     _log(json.dumps(report, indent=2, ensure_ascii=False))
     return out
 

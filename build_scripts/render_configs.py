@@ -135,6 +135,11 @@ def set_params(cfg: mc.ModelConfig, params: dict, model_dir: str, repo: Path) ->
         text = param_str(value)
         if key in PATH_PARAMS:
             text = path_for_config(text, Path(model_dir), repo)
+        elif key == "lora_adapters":  # {task id: folder} -> "1=<folder relative to the model dir>,..."
+            if not isinstance(value, dict):
+                raise DeploymentError(f"deployment.yaml: {key} must map lora_task_id -> adapter folder")
+            text = ",".join(f"{int(tid)}={path_for_config(str(p), Path(model_dir), repo)}"
+                            for tid, p in sorted(value.items()))
         cfg.parameters[key].string_value = text
 
 

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from tritonllm.contract import with_client_names
 from tritonllm.engine.engine import LLMEngine
+from tritonllm.engine.lora import parse_adapter_list
 from tritonllm.engine.request import InvalidRequest, QueueFull
 from tritonllm.engine.runner import EngineRunner
 from tritonllm.llm_io import engine_config_from_parameters, parse_request, response_arrays
@@ -80,6 +81,9 @@ class TritonPythonModel:
         tokenizer_dir = params.get("tokenizer_dir", "")
         if tokenizer_dir and not tokenizer_dir.startswith("${"):
             engine_config.tokenizer_dir = str(model_path_param(args, params, "tokenizer_dir", must_exist=False))
+        engine_config.lora_adapters = {  # "1=../../build/models/demo-lora/x, 2=..." confined like every path
+            tid: str(model_path_param(args, {f"lora_adapters[{tid}]": p}, f"lora_adapters[{tid}]"))
+            for tid, p in parse_adapter_list(params.get("lora_adapters", "")).items()}
         self.engine = LLMEngine(model_path, engine_config)
         self.cancel_period = float(params.get("cancellation_check_period_ms", "50") or 50) / 1000.0
         self.logger = pb_utils.Logger
@@ -107,7 +111,7 @@ class TritonPythonModel:
                              "exclude_input_in_output", "stop", "return_context_logits",
                              "return_generation_logits", "stop_words_list", "bad_words_list",
                              "guided_decoding_guide_type", "guided_decoding_guide", "lora_task_id",
-                             "embedding_bias"):
+                             "lora_weights", "lora_config", "embedding_bias"):
                     t = pb_utils.get_input_tensor_by_name(request, name)
                     if t is not None:
                         arrays[name] = t.as_numpy()

@@ -21,6 +21,7 @@ _EXPECTED_DTYPES = {
     "seed": np.uint64, "streaming": np.bool_, "return_log_probs": np.bool_,
     "exclude_input_in_output": np.bool_, "stop": np.bool_, "return_context_logits": np.bool_,
     "return_generation_logits": np.bool_, "stop_words_list": np.int32, "bad_words_list": np.int32,
+    "lora_task_id": np.uint64,
 }
 
 
@@ -104,8 +105,11 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
     nret = _scalar(arrays, "num_return_sequences", 1)
     if nret != 1:
         raise InvalidRequest(f"num_return_sequences {nret} is not supported (only 1)")
-    if arrays.get("lora_task_id") is not None:
-        raise InvalidRequest("lora_task_id: LoRA adapters are not supported by this engine")
+    for name in ("lora_weights", "lora_config"):
+        if arrays.get(name) is not None and arrays[name].size:
+            raise InvalidRequest(f"{name}: in-request LoRA weights are not supported; adapters are loaded from "
+                                 "the model's lora_adapters parameter and chosen with lora_task_id")
+    lora = _scalar(arrays, "lora_task_id")
     bias = arrays.get("embedding_bias")
     if bias is not None and bias.size:
         raise InvalidRequest("embedding_bias is not supported by this engine")
@@ -130,6 +134,7 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
         bad_words=decode_word_list(arrays.get("bad_words_list"), "bad_words_list"),
         return_log_probs=bool(_scalar(arrays, "return_log_probs", False)),
         guide=guide,
+        lora_task_id=int(lora) if lora is not None else None,
     )
     return ParsedRequest(prompt, params, bool(_scalar(arrays, "streaming", False)),
                          bool(_scalar(arrays, "exclude_input_in_output", default_exclude_input)), stop)

@@ -82,9 +82,14 @@ def test_tensorrt_llm_keeps_nvidia_contract(configs):
 def test_engine_parameters_come_from_deployment_with_paths_relative_to_the_model(configs, deployment):
     params = {k: v.string_value for k, v in configs[C.TENSORRT_LLM].parameters.items()}
     yaml_params = deployment["models"]["tensorrt_llm"]["parameters"]
-    for key, value in yaml_params.items():
-        assert params[key] == rc.param_str(value)
     model_dir = ROOT / rc.MODEL_DIRS[C.TENSORRT_LLM]
+    for key, value in yaml_params.items():
+        if key == "lora_adapters":  # {task id: folder} -> "1=<folder relative to the model dir>,..."
+            pairs = dict(item.split("=", 1) for item in params[key].split(","))
+            assert {int(t): resolve_param_path(p, model_dir, confine=ROOT) for t, p in pairs.items()} == {
+                int(t): (ROOT / p).resolve() for t, p in value.items()}
+            continue
+        assert params[key] == rc.param_str(value)
     assert not Path(params["gpt_model_path"]).is_absolute()
     assert resolve_param_path(params["gpt_model_path"], model_dir, confine=ROOT) == (
         ROOT / deployment["llm"]["gpt_model_path"]).resolve()

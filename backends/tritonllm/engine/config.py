@@ -1,7 +1,7 @@
 """Engine configuration: what the operator sets once per model (config.pbtxt parameters map onto it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -31,6 +31,7 @@ class EngineConfig:
     tokenizer_dir: str | None = None     # for guided decoding; defaults to the checkpoint directory
     quantization: str = "none"           # none | fp8 (weights: float8_e4m3fn, per-channel scales)
     kv_cache_dtype: str = "auto"         # auto (= compute dtype) | fp8
+    lora_adapters: dict[int, str] = field(default_factory=dict)  # lora_task_id -> PEFT adapter folder
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -15,6 +15,7 @@ import torch
 from .config import EngineConfig
 from .kv_cache import BlockPool, KVCache
 from .loader import load_model
+from .lora import LoraSet
 from .model import AttentionMeta, Transformer
 from .request import InvalidRequest, Request, RequestOutput, SamplingParams
 from .sampler import sample
@@ -56,6 +57,7 @@ class LLMEngine:
                                          fp8_weights=self.config.quantization == "fp8")
         spec = self.model.spec
         self.spec = spec
+        self.lora = LoraSet.load(self.config.lora_adapters, spec, self.model.device, self.model.dtype)
         self.max_seq_len = min(self.config.max_seq_len or spec.max_position_embeddings,
                                spec.max_position_embeddings)
         self.max_input_len = min(self.config.max_input_len or self.max_seq_len, self.max_seq_len)
@@ -121,6 +123,10 @@ class LLMEngine:
             raise InvalidRequest(f"min_tokens must be >= 0, got {params.min_tokens}")
         if params.end_id is not None and not (params.end_id == -1 or 0 <= params.end_id < V):
             raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary")
+        try:
+            self.lora.validate(params.lora_task_id)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
         for name, words in (("stop_words_list", params.stop_words), ("bad_words_list", params.bad_words)):
             for w in words:
                 if not w or any(not 0 <= t < V for t in w):
@@ -265,9 +271,12 @@ class LLMEngine:
         sampling, rows, spec_rows = [], [], []
         decode_rows, decode_slots, decode_lens = [], [], []
         prefills = []
+        adapter_spans: dict[int, list[tuple[int, int]]] = {}
         window = self.spec.sliding_window
         for req, n in items:
             start = len(ids)
+            if req.params.lora_task_id is not None:
+                adapter_spans.setdefault(req.params.lora_task_id, []).append((start, n))
             p0 = req.num_computed
             seq = req.token_ids + req.draft if req.draft else req.token_ids
             ids.extend(seq[p0:p0 + n])
@@ -291,7 +300,8 @@ class LLMEngine:
             elif p0 + n == len(req.token_ids):
                 sampling.append(req)
                 rows.append(start + n - 1)
-        meta = AttentionMeta(torch.cat(slots).to(dev), None, None, None, prefills)
+        meta = AttentionMeta(torch.cat(slots).to(dev), None, None, None, prefills,
+                             self._lora_segments(adapter_spans, len(ids)))
         if decode_rows:
             kmax = max(decode_lens)
             gather = torch.zeros(len(decode_rows), kmax, dtype=torch.long)
@@ -310,6 +320,17 @@ class LLMEngine:
         rows += spec_rows
         return (sampling, torch.tensor(rows, dtype=torch.long, device=dev), meta,
                 torch.tensor(ids, device=dev), torch.tensor(pos, device=dev))
+
+    def _lora_segments(self, spans: dict[int, list[tuple[int, int]]], num_tokens: int) -> list:
+        """(adapter, token rows) per adapter in the step; rows None when one adapter has every token."""
+        segments = []
+        for task_id, parts in spans.items():
+            if len(spans) == 1 and sum(n for _, n in parts) == num_tokens:
+                segments.append((self.lora.adapters[task_id], None))
+            else:
+                rows = torch.cat([torch.arange(s, s + n) for s, n in parts]).to(self.model.device)
+                segments.append((self.lora.adapters[task_id], rows))
+        return segments
 
     def _end_ids(self, req: Request) -> frozenset[int]:
         e = req.params.end_id

@@ -32,6 +32,15 @@ def block_hash(parent: int | None, tokens) -> int:
     return int.from_bytes(hashlib.blake2b(prefix + data, digest_size=16).digest(), "little")
 
 
+def adapter_root(task_id: int | None) -> int | None:
+    """The parent hash of a request's first block: None for the base model, a per-adapter value for LoRA
+    requests, whose KV differs from the base model's for the same tokens."""
+    if task_id is None:
+        return None
+    data = b"lora:" + int(task_id).to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "little")
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:

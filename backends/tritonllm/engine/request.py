@@ -38,6 +38,7 @@ class SamplingParams:
     bad_words: list[list[int]] = field(default_factory=list)
     return_log_probs: bool = False
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
+    lora_task_id: int | None = None       # a loaded LoRA adapter; None = the base model
 
     @property
     def greedy(self) -> bool:

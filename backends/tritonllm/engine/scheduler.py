@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .config import EngineConfig
-from .kv_cache import BlockPool, NoFreeBlocks, block_hash
+from .kv_cache import BlockPool, NoFreeBlocks, adapter_root, block_hash
 from .request import Request, Status
 
 
@@ -57,7 +57,7 @@ class Scheduler:
         """Points a fresh request at cached blocks of its longest cached prefix; returns tokens reused.
         At least the last token is always recomputed: its logits are needed."""
         bs = self.config.block_size
-        parent = None
+        parent = adapter_root(req.params.lora_task_id)
         for i in range((len(req.token_ids) - 1) // bs):
             h = block_hash(parent, req.token_ids[i * bs:(i + 1) * bs])
             b = self.pool.lookup(h)
@@ -75,7 +75,8 @@ class Scheduler:
         bs = self.config.block_size
         while len(req.block_hashes) < req.num_computed // bs:
             i = len(req.block_hashes)
-            h = block_hash(req.block_hashes[-1] if i else None, req.token_ids[i * bs:(i + 1) * bs])
+            parent = req.block_hashes[-1] if i else adapter_root(req.params.lora_task_id)
+            h = block_hash(parent, req.token_ids[i * bs:(i + 1) * bs])
             self.pool.register(req.block_table[i], h)
             req.block_hashes.append(h)
 

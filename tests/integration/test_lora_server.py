@@ -1,0 +1,112 @@
+"""Multi-LoRA on the real server: deployment.yaml loads the demo adapter (build_demo_lora.py) as
+lora_task_id 1 of `tensorrt_llm`. The adapter's output equals our engine run in-process with the same
+adapter (which tests/unit/test_lora.py proves equal to HF with the adapter merged), differs from the base
+model's, reaches the engine through the ensemble and the BLS, and mixes with base requests in one batch.
+Unknown ids and in-request LoRA weights are INVALID_ARG naming the input."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from test_engine_server import Stream, _ids_request
+from test_llm_pipeline import generate, http_post
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "build" / "models" / "demo"
+ADAPTER = ROOT / "build" / "models" / "demo-lora" / "python"
+PROMPT_TEXT = "def"
+N = 16
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """{task id or None: greedy ids} from the engine in this process, and the prompt ids."""
+    from transformers import AutoTokenizer
+
+    from tritonllm.engine.config import EngineConfig
+    from tritonllm.engine.engine import LLMEngine
+    from tritonllm.engine.request import SamplingParams
+
+    prompt = AutoTokenizer.from_pretrained(DEMO)(PROMPT_TEXT).input_ids
+    engine = LLMEngine(str(DEMO), EngineConfig(max_kv_tokens=1024, lora_adapters={1: str(ADAPTER)}))
+    out = {}
+    for tid in (None, 1):
+        engine.add_request(str(tid), prompt, SamplingParams(max_tokens=N, end_id=-1, lora_task_id=tid))
+        ids = []
+        while engine.has_work():
+            for o in engine.step():
+                ids.extend(o.new_token_ids)
+        out[tid] = ids
+    assert out[None] != out[1], "the demo adapter must change greedy output"
+    return prompt, out
+
+
+def _llm(server, prompt, lora=None, **extra):
+    s = Stream(server.grpc_url)
+    try:
+        if lora is not None:
+            extra["lora_task_id"] = np.array([[lora]], np.uint64)
+        chunks, err = s.run("tensorrt_llm", _ids_request(prompt, N, **extra))
+        return [int(t) for c in chunks for t in c["output_ids"].reshape(-1)], err
+    finally:
+        s.close()
+
+
+def test_adapter_and_base_through_tensorrt_llm(triton_server, expected):
+    prompt, want = expected
+    for tid in (None, 1):
+        ids, err = _llm(triton_server, prompt, tid)
+        assert err is None, err
+        assert ids == want[tid], f"lora_task_id {tid}"
+
+
+def test_mixed_adapters_in_one_batch(triton_server, expected):
+    prompt, want = expected
+    tids = [None, 1, 1, None, 1, None]
+    with ThreadPoolExecutor(len(tids)) as pool:
+        results = list(pool.map(lambda t: _llm(triton_server, prompt, t), tids))
+    for tid, (ids, err) in zip(tids, results):
+        assert err is None and ids == want[tid], f"lora_task_id {tid}: {err}"
+
+
+def test_adapter_through_ensemble_and_bls(triton_server, expected):
+    from transformers import AutoTokenizer
+
+    _, want = expected
+    tok = AutoTokenizer.from_pretrained(DEMO)
+    texts = {}
+    for model in ("ensemble", "tensorrt_llm_bls"):
+        for tid in (None, 1):
+            payload = dict(text_input=PROMPT_TEXT, max_tokens=N, end_id=-1)
+            if tid is not None:
+                payload["lora_task_id"] = tid
+            texts[model, tid] = generate(triton_server, model, **payload)["text_output"]
+    for tid in (None, 1):
+        assert texts["ensemble", tid] == texts["tensorrt_llm_bls", tid] == tok.decode(want[tid],
+                                                                                      skip_special_tokens=True)
+    assert texts["ensemble", 1] != texts["ensemble", None]
+
+
+def test_unknown_adapter_and_inline_weights_are_invalid(triton_server, expected):
+    prompt, want = expected
+    _, err = _llm(triton_server, prompt, 987654)
+    assert err is not None and "lora_task_id 987654 is not a loaded adapter (loaded: [1])" in str(err)
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    weights = grpcclient.InferInput("lora_weights", [1, 2, 4], "FP16")
+    weights.set_data_from_numpy(np.ones((1, 2, 4), np.float16))
+    s = Stream(triton_server.grpc_url)
+    try:
+        _, err = s.run("tensorrt_llm", _ids_request(prompt, N, lora_task_id=np.array([[1]], np.uint64))
+                       + [weights])
+    finally:
+        s.close()
+    assert err is not None and "lora_weights: in-request LoRA weights are not supported" in str(err)
+    status, body = http_post(triton_server, "/v2/models/ensemble/generate",
+                             dict(text_input=PROMPT_TEXT, max_tokens=4, lora_task_id=5))
+    assert status == 400 and "lora_task_id 5 is not a loaded adapter" in body
+    ids, err = _llm(triton_server, prompt)  # still serving
+    assert err is None and ids == want[None]
