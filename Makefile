@@ -88,12 +88,15 @@ bench-peers: build
 # on free ports unless PERF_ARGS="--url localhost:8001". genai-perf gets its own virtualenv: its
 # dependencies (pandas 3, numpy 2 unless pinned) must not reach the serving venv.
 OPENAI_PORT ?= 9000
+# OpenAI model names of tensorrt_llm's LoRA adapters (deployment.yaml lora_adapters): NAME=TASK_ID ...
+OPENAI_LORA_MODULES ?= python=1
 PERF_ARGS ?=
 GENAI_VENV ?= build/perf/genai-venv
 
 .PHONY: openai perf
 openai: build
-	$(PY) -m clients.openai_server --port $(OPENAI_PORT) $(if $(GRPC_PORT),--triton-url localhost:$(GRPC_PORT))
+	$(PY) -m clients.openai_server --port $(OPENAI_PORT) $(if $(GRPC_PORT),--triton-url localhost:$(GRPC_PORT)) \
+		$(if $(OPENAI_LORA_MODULES),--lora-modules $(OPENAI_LORA_MODULES))
 
 $(GENAI_VENV)/bin/genai-perf:
 	$(PYTHON) -m venv $(GENAI_VENV)

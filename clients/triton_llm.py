@@ -36,6 +36,7 @@ _SCALARS: dict[str, tuple[Any, str]] = {
     "presence_penalty": (np.float32, "FP32"), "frequency_penalty": (np.float32, "FP32"),
     "min_tokens": (np.int32, "INT32"), "end_id": (np.int32, "INT32"), "pad_id": (np.int32, "INT32"),
     "return_log_probs": (np.bool_, "BOOL"), "exclude_input_in_output": (np.bool_, "BOOL"),
+    "lora_task_id": (np.uint64, "UINT64"),
 }
 
 
@@ -84,6 +85,7 @@ class GenerationParams:
     bad_words: list[str] = field(default_factory=list)
     guided_decoding_guide_type: str | None = None  # json, json_schema, regex, ebnf_grammar
     guided_decoding_guide: str | None = None
+    lora_task_id: int | None = None  # a LoRA adapter loaded by tensorrt_llm (its lora_adapters parameter)
 
     def arrays(self, prompt: str, stream: bool) -> dict[str, tuple[np.ndarray, str]]:
         """Input name -> (array with the batch dimension, Triton dtype)."""

@@ -31,8 +31,16 @@ def main(argv=None) -> int:
                    help="HF tokenizer folder for the chat template and token counts ('' = none)")
     p.add_argument("--served-model-name", default="tritonllm", help="the model name clients ask for")
     p.add_argument("--default-max-tokens", type=int, default=256, help="chat requests without max_tokens")
+    p.add_argument("--lora-modules", nargs="*", metavar="NAME=TASK_ID",
+                   default=(os.environ.get("OPENAI_LORA_MODULES") or "").split(),
+                   help="serve LoRA adapters of tensorrt_llm (its lora_adapters parameter) as model names, "
+                        "e.g. python=1")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
+    try:
+        lora_modules = {name: int(tid) for name, _, tid in (m.partition("=") for m in args.lora_modules)}
+    except ValueError:
+        p.error(f"--lora-modules expects NAME=TASK_ID pairs, got {args.lora_modules}")
 
     import uvicorn
 
@@ -45,7 +53,7 @@ def main(argv=None) -> int:
         tokenizer_dir = None
     app = create_app(Settings(triton_url=args.triton_url, model=args.model, fallback=args.fallback or None,
                               tokenizer_dir=tokenizer_dir, served_model_name=args.served_model_name,
-                              default_max_tokens=args.default_max_tokens))
+                              default_max_tokens=args.default_max_tokens, lora_modules=lora_modules))
     print(f"[openai_server] http://{args.host}:{args.port}/v1 -> Triton {args.triton_url} ({args.model})",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

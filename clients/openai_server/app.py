@@ -7,8 +7,9 @@ Invariants:
   and the stream ends without ``[DONE]``.
 - Every successful stream ends with ``data: [DONE]``; with ``stream_options.include_usage`` the last
   chunk before it has empty ``choices`` and the usage.
-- The request's ``model`` is the served name (-> the configured Triton model, with fallback) or the name
-  of a Triton text model (``tensorrt_llm_bls`` / ``ensemble``) to address it directly; anything else 404.
+- The request's ``model`` is the served name (-> the configured Triton model, with fallback), a LoRA
+  module name (the same, with its ``lora_task_id``), or the name of a Triton text model
+  (``tensorrt_llm_bls`` / ``ensemble``) to address it directly; anything else 404.
 - Request validation errors are 400 (OpenAI's status), not FastAPI's 422.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -39,6 +40,7 @@ class Settings:
     tokenizer_dir: str | None = None
     served_model_name: str = "tritonllm"
     default_max_tokens: int = 256  # chat requests without max_tokens
+    lora_modules: dict[str, int] = field(default_factory=dict)  # model name -> lora_task_id (vLLM's idea)
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -77,7 +79,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     def triton_model(name: str) -> str | None:
         """None = the configured model (resolved with fallback); else a Triton text model named directly."""
-        if name == settings.served_model_name:
+        if name == settings.served_model_name or name in settings.lora_modules:
             return None
         if name in TEXT_MODELS:
             return name
@@ -119,8 +121,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def models():
         created = int(time.time())
         names = [settings.served_model_name] + await triton.ready_models(TEXT_MODELS)
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "tritonllm"}
-                                           for n in names]}
+        data = [{"id": n, "object": "model", "created": created, "owned_by": "tritonllm"} for n in names]
+        data += [{"id": n, "object": "model", "created": created, "owned_by": "tritonllm",
+                  "parent": settings.served_model_name} for n in settings.lora_modules]
+        return {"object": "list", "data": data}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
@@ -128,6 +132,7 @@ def create_app(settings: Settings) -> FastAPI:
         model, prompts = triton_model(req.model), req.prompts()
         max_tokens = req.max_tokens or 16
         params = req.generation_params(max_tokens, req.logprobs is not None)
+        params.lora_task_id = settings.lora_modules.get(req.model)
         rid = new_id("cmpl")
         if not req.stream:
             outcomes = await asyncio.gather(*(run_to_end(p, params, model) for p in prompts))
@@ -171,6 +176,7 @@ def create_app(settings: Settings) -> FastAPI:
         guide = req.response_format.guide() if req.response_format else None
         max_tokens = req.max_new_tokens() or settings.default_max_tokens
         params = req.generation_params(max_tokens, req.logprobs, guide)
+        params.lora_task_id = settings.lora_modules.get(req.model)
         rid = new_id("chatcmpl")
         if not req.stream:
             o = await run_to_end(prompt, params, model)

@@ -35,7 +35,8 @@ def openai_url(triton_server):
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
-             "--triton-url", triton_server.grpc_url, "--tokenizer-dir", str(TOKENIZER_DIR), "--log-level", "warning"],
+             "--triton-url", triton_server.grpc_url, "--tokenizer-dir", str(TOKENIZER_DIR), "--log-level", "warning",
+             "--lora-modules", "python=1"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -106,6 +107,19 @@ def test_streamed_completion_equals_non_streamed(client, greedy):
     assert "".join(deltas) == greedy.choices[0].text
     assert usage.model_dump() == greedy.usage.model_dump()
     assert finish == greedy.choices[0].finish_reason
+
+
+def test_lora_module_is_a_model_name(client, greedy, triton_server):
+    """`--lora-modules python=1`: model "python" is the demo adapter (lora_task_id 1), listed with its parent;
+    its text equals the BLS asked directly with lora_task_id 1 and differs from the base model's."""
+    from test_llm_pipeline import generate
+
+    listed = {m.id: m for m in client.models.list().data}
+    assert listed["python"].model_dump().get("parent") == "tritonllm"
+    r = client.completions.create(model="python", prompt=PROMPT, max_tokens=24, temperature=0)
+    direct = generate(triton_server, "tensorrt_llm_bls", text_input=PROMPT, max_tokens=24, lora_task_id=1)
+    assert r.choices[0].text == direct["text_output"]
+    assert r.choices[0].text != greedy.choices[0].text
 
 
 def test_ensemble_is_addressable_and_agrees_with_the_bls(client, greedy):
