@@ -21,7 +21,7 @@ from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.lora import parse_adapter_list
 from tritonllm.engine.request import InvalidRequest, QueueFull
 from tritonllm.engine.runner import EngineRunner
-from tritonllm.llm_io import engine_config_from_parameters, parse_request, response_arrays
+from tritonllm.llm_io import DRAFT_MODEL_MODES, engine_config_from_parameters, parse_request, response_arrays
 from tritonllm.metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics
 from tritonllm.paths import model_parameters, model_path_param
 
@@ -84,6 +84,8 @@ class TritonPythonModel:
         engine_config.lora_adapters = {  # "1=../../build/models/demo-lora/x, 2=..." confined like every path
             tid: str(model_path_param(args, {f"lora_adapters[{tid}]": p}, f"lora_adapters[{tid}]"))
             for tid, p in parse_adapter_list(params.get("lora_adapters", "")).items()}
+        if params.get("speculative_decoding_mode") in DRAFT_MODEL_MODES:
+            engine_config.draft_model_path = str(model_path_param(args, params, "draft_model_path"))
         self.engine = LLMEngine(model_path, engine_config)
         self.cancel_period = float(params.get("cancellation_check_period_ms", "50") or 50) / 1000.0
         self.logger = pb_utils.Logger

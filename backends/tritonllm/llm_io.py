@@ -164,6 +164,12 @@ def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: fl
     }
 
 
+# prompt_lookup: n-gram drafts; draft_model (TensorRT-LLM: draft_tokens_external): the checkpoint in the
+# `draft_model_path` parameter drafts (the adapter resolves that path).
+SPECULATIVE_MODES = ("prompt_lookup", "draft_model", "draft_tokens_external")
+DRAFT_MODEL_MODES = SPECULATIVE_MODES[1:]
+
+
 def engine_config_from_parameters(p: dict[str, str]):
     """config.pbtxt parameters (NVIDIA's names where they exist) -> EngineConfig."""
     from .engine.config import EngineConfig
@@ -194,7 +200,7 @@ def engine_config_from_parameters(p: dict[str, str]):
         enable_chunked_prefill=get("enable_chunked_context", boolean, True),
         enable_prefix_caching=get("enable_kv_cache_reuse", boolean, False),
         max_draft_len=(get("max_draft_len", int, 0)
-                       if get("speculative_decoding_mode", str, "") == "prompt_lookup" else 0),
+                       if get("speculative_decoding_mode", str, "") in SPECULATIVE_MODES else 0),
         ngram_max=get("prompt_lookup_ngram", int, 3),
         quantization=get("quantization", str, "none"),
         kv_cache_dtype=get("kv_cache_dtype", str, "auto"),

@@ -69,3 +69,15 @@ def test_engine_config_from_parameters():
     assert exclude and cfg.max_num_tokens == 512
     with pytest.raises(ValueError, match="tokens_per_block"):
         engine_config_from_parameters({"tokens_per_block": "x"})
+
+
+def test_speculative_modes_and_lora_inputs():
+    for mode, want in (("prompt_lookup", 4), ("draft_model", 4), ("draft_tokens_external", 4), ("none", 0)):
+        cfg, _ = engine_config_from_parameters({"speculative_decoding_mode": mode, "max_draft_len": "4"})
+        assert cfg.max_draft_len == want, mode
+    assert parse_request(_req(lora_task_id=np.array([[3]], np.uint64)), True).params.lora_task_id == 3
+    assert parse_request(_req(), True).params.lora_task_id is None
+    with pytest.raises(InvalidRequest, match="lora_task_id must be uint64"):
+        parse_request(_req(lora_task_id=np.array([[3]], np.int32)), True)
+    with pytest.raises(InvalidRequest, match="lora_weights: in-request LoRA weights are not supported"):
+        parse_request(_req(lora_weights=np.ones((1, 2, 4), np.float16)), True)

@@ -21,7 +21,8 @@ class EngineConfig:
     max_queue_size: int = 1024           # waiting requests bound; beyond it add_request raises QueueFull
     enable_chunked_prefill: bool = True  # enable_chunked_context
     enable_prefix_caching: bool = False  # enable_kv_cache_reuse
-    max_draft_len: int = 0               # prompt-lookup speculative decoding: draft tokens per step (0 = off)
+    max_draft_len: int = 0               # speculative decoding: draft tokens per step (0 = off)
+    draft_model_path: str | None = None  # drafts from this smaller checkpoint; None = prompt lookup (n-grams)
     ngram_max: int = 3                   # longest n-gram matched for a draft
     max_input_len: int | None = None     # defaults to the checkpoint's context length
     max_seq_len: int | None = None       # prompt + output; defaults to the checkpoint's context length

@@ -16,7 +16,8 @@ from .config import EngineConfig
 from .kv_cache import BlockPool, KVCache
 from .loader import load_model
 from .lora import LoraSet
-from .model import AttentionMeta, Transformer
+from .batch_layout import attention_meta
+from .model import Transformer
 from .request import InvalidRequest, Request, RequestOutput, SamplingParams
 from .sampler import sample
 from .speculative import propose_ngram, verify_greedy, verify_sampled
@@ -75,12 +76,18 @@ class LLMEngine:
         self.kv = KVCache(spec.num_layers, num_blocks, bs, spec.num_kv_heads, spec.head_dim,
                           kv_dtype, self.model.device)
         self.scheduler = Scheduler(self.config, self.pool)
+        self.drafter = None
+        if self.config.draft_model_path and self.config.max_draft_len:
+            from .draft_model import DraftModel
+
+            draft = load_model(self.config.draft_model_path, self.config.device, self.config.dtype)
+            extra = self.config.max_num_seqs * -(-self.config.max_draft_len // bs)  # lookahead slots
+            self.drafter = DraftModel(draft, spec.vocab_size, num_blocks + extra, bs)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self._grammar = None
         self._grammar_lock = threading.Lock()
         self._model_dir = model_dir
-        self._arange = torch.arange(bs, device=self.model.device)
 
     # ---- admission -------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -164,6 +171,8 @@ class LLMEngine:
         if req is None:
             return None
         self.scheduler.remove(req)
+        if self.drafter is not None:
+            self.drafter.release(request_id)
         return RequestOutput(request_id, [], [], True, "abort", req.num_prompt, req.num_emitted,
                              req.cum_logprob)
 
@@ -229,6 +238,7 @@ class LLMEngine:
             self.scheduler.register_full_blocks(req)
 
     def _propose_drafts(self) -> None:
+        eligible, rooms = [], []
         for req in self.scheduler.running:
             p = req.params
             req.draft = []
@@ -237,7 +247,15 @@ class LLMEngine:
                 continue
             room = min(self.config.max_draft_len, p.max_tokens - req.num_output - 1,
                        self.max_seq_len - len(req.token_ids) - 1)
-            req.draft = propose_ngram(req.token_ids, room, self.config.ngram_max)
+            if room > 0:
+                eligible.append(req)
+                rooms.append(room)
+        if self.drafter is not None:
+            for req, draft in zip(eligible, self.drafter.propose(eligible, rooms)):
+                req.draft = draft
+        else:
+            for req, room in zip(eligible, rooms):
+                req.draft = propose_ngram(req.token_ids, room, self.config.ngram_max)
 
     def _accept(self, req: Request, logits: torch.Tensor) -> list[RequestOutput]:
         """Verifies a draft (greedy or rejection sampling, both lossless), appends the tokens one by one."""
@@ -251,6 +269,8 @@ class LLMEngine:
             new, lps = verify_sampled(logits, draft, req.params, req.generator)
         self.stats.draft_tokens += len(draft)
         self.stats.accepted_draft_tokens += len(new) - 1
+        if self.drafter is not None:
+            self.drafter.accepted(req.request_id, len(new) - 1)
         req.num_computed += len(new)        # the last token + accepted drafts now have valid KV
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
@@ -265,14 +285,11 @@ class LLMEngine:
         return outputs
 
     def _prepare(self, items):
+        """Flat ids / positions of the step, the attention layout, and which logits rows to sample."""
         dev = self.model.device
-        bs = self.config.block_size
-        ids, pos, slots = [], [], []
+        ids, pos, spans = [], [], []
         sampling, rows, spec_rows = [], [], []
-        decode_rows, decode_slots, decode_lens = [], [], []
-        prefills = []
         adapter_spans: dict[int, list[tuple[int, int]]] = {}
-        window = self.spec.sliding_window
         for req, n in items:
             start = len(ids)
             if req.params.lora_task_id is not None:
@@ -281,40 +298,14 @@ class LLMEngine:
             seq = req.token_ids + req.draft if req.draft else req.token_ids
             ids.extend(seq[p0:p0 + n])
             pos.extend(range(p0, p0 + n))
-            table = torch.tensor(req.block_table, dtype=torch.long)
-            all_slots = (table[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)[:p0 + n]
-            slots.append(all_slots[p0:p0 + n])
-            if n == 1:
-                decode_rows.append(start)
-                decode_slots.append(all_slots)
-                decode_lens.append(p0 + 1)
-            else:
-                kpos = torch.arange(p0 + n)
-                qpos = torch.arange(p0, p0 + n)
-                mask = kpos[None, :] <= qpos[:, None]
-                if window:
-                    mask &= kpos[None, :] > qpos[:, None] - window
-                prefills.append((start, n, all_slots.to(dev), mask.to(dev)))
+            spans.append((req.block_table, p0, n))
             if req.draft:
                 spec_rows.extend(range(start + n - 1 - len(req.draft), start + n))
             elif p0 + n == len(req.token_ids):
                 sampling.append(req)
                 rows.append(start + n - 1)
-        meta = AttentionMeta(torch.cat(slots).to(dev), None, None, None, prefills,
-                             self._lora_segments(adapter_spans, len(ids)))
-        if decode_rows:
-            kmax = max(decode_lens)
-            gather = torch.zeros(len(decode_rows), kmax, dtype=torch.long)
-            for i, s in enumerate(decode_slots):
-                gather[i, :len(s)] = s
-            lens = torch.tensor(decode_lens)
-            kpos = torch.arange(kmax)[None, :]
-            mask = kpos < lens[:, None]
-            if window:
-                mask &= kpos > (lens[:, None] - 1 - window)
-            meta.decode_rows = torch.tensor(decode_rows, device=dev)
-            meta.decode_gather = gather.to(dev)
-            meta.decode_mask = mask[:, None, None, :].to(dev)
+        meta = attention_meta(spans, self.config.block_size, dev, self.spec.sliding_window)
+        meta.lora = self._lora_segments(adapter_spans, len(ids))
         # Drafting requests come last: logits rows are [plain samples..., (k+1) rows per draft...].
         sampling += [req for req, _ in items if req.draft]
         rows += spec_rows
@@ -368,6 +359,8 @@ class LLMEngine:
             req.finish_reason = reason
             self.requests.pop(req.request_id, None)
             self.scheduler.remove(req)
+            if self.drafter is not None:
+                self.drafter.release(req.request_id)
         return RequestOutput(req.request_id, new, new_lp, reason is not None, reason, req.num_prompt,
                              req.num_emitted, req.cum_logprob)
 
