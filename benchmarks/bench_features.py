@@ -1,6 +1,8 @@
 """Engine feature figures, each measured side by side in one process on the benchmark model:
 - prefix caching: time to first token of a request sharing a 1,024-token prefix, cold vs warm, hit rate;
-- prompt-lookup speculative decoding: batch-1 decode tokens/s with and without drafts, acceptance rate;
+- speculative decoding, batch-1 decode tokens/s with and without drafts, acceptance rate: prompt lookup on
+  an extractive prompt; a draft model (the target's first layers: a layer-skip drafter) on the same
+  prompt and on a non-extractive one;
 - token budget sweep: TTFT and time per output token vs max_num_tokens under a mixed load (plot).
 
     python benchmarks/bench_features.py [--prefix-len 1024] [--budgets 64,128,256,512,1024]
@@ -46,28 +48,64 @@ def prefix_figure(model_dir: str, prefix_len: int) -> dict:
             "hit_rate": s.prefix_hit_tokens / s.prefix_query_tokens}
 
 
-def speculative_figure(model_dir: str, new: int = 128, k: int = 4) -> dict:
-    """Extractive workload: the prompt repeats a passage, so a faithful continuation copies it."""
+def layer_skip_drafter(model_dir: str, layers: int) -> str:
+    """A checkpoint of the target's first `layers` layers (same embeddings, norm and head): a cheap drafter
+    that shares the tokenizer. How often it agrees with the target depends on the weights (random here)."""
+    from safetensors.torch import load_file, save_file
+
+    out = os.path.join(os.path.dirname(model_dir), f"{os.path.basename(model_dir)}-draft{layers}")
+    if os.path.isfile(os.path.join(out, "model.safetensors")):
+        return out
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["num_hidden_layers"] = layers
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    weights = load_file(os.path.join(model_dir, "model.safetensors"))
+    keep = {k: v for k, v in weights.items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    save_file(keep, os.path.join(out, "model.safetensors"))
+    return out
+
+
+def decode_rate(engine: LLMEngine, prompt: list[int], new: int) -> float:
+    """Batch-1 decode tokens/s after the prefill (a warm-up request first)."""
+    engine.add_request("w", prompt, SamplingParams(max_tokens=2, end_id=-1))
+    while engine.has_work():
+        engine.step()
+    engine.add_request("x", prompt, SamplingParams(max_tokens=new, end_id=-1))
+    engine.step()                                   # prefill + first token
+    t, n = time.perf_counter(), 0
+    while engine.has_work():
+        n += sum(len(o.new_token_ids) for o in engine.step())
+    return n / (time.perf_counter() - t)
+
+
+def speculative_figure(model_dir: str, new: int = 128, k: int = 4, draft_layers: int = 2) -> dict:
+    """Extractive workload: the prompt repeats a passage, so a faithful continuation copies it; the
+    non-extractive prompt is random ids (n-gram lookup finds nothing there)."""
     rng = random.Random(2)
     passage = [rng.randrange(3, 32000) for _ in range(64)]
-    prompt = passage * 4 + passage[:8]
-    rates = {}
-    for name, draft in (("off", 0), ("on", k)):
-        engine = LLMEngine(model_dir, EngineConfig(max_kv_tokens=4096, max_draft_len=draft))
-        engine.add_request("w", prompt, SamplingParams(max_tokens=2, end_id=-1))
-        while engine.has_work():
-            engine.step()
-        engine.add_request("x", prompt, SamplingParams(max_tokens=new, end_id=-1))
-        engine.step()                                   # prefill + first token
-        t, n = time.perf_counter(), 0
-        while engine.has_work():
-            n += sum(len(o.new_token_ids) for o in engine.step())
-        rates[name] = n / (time.perf_counter() - t)
-        if draft:
+    prompts = {"extractive": passage * 4 + passage[:8], "random": [rng.randrange(3, 32000) for _ in range(264)]}
+    drafter = layer_skip_drafter(model_dir, draft_layers)
+    runs = {"off": {}, "prompt_lookup": {"max_draft_len": k},
+            "draft_model": {"max_draft_len": k, "draft_model_path": drafter}}
+    out = {"max_draft_len": k, "draft_layers": draft_layers}
+    for kind, prompt in prompts.items():
+        for name, extra in runs.items():
+            if kind == "random" and name == "prompt_lookup":
+                continue
+            engine = LLMEngine(model_dir, EngineConfig(max_kv_tokens=4096, **extra))
+            rate = decode_rate(engine, prompt, new)
             s = engine.stats
-            rates["acceptance"] = s.accepted_draft_tokens / max(s.draft_tokens, 1)
-    return {"decode_tok_s_off": rates["off"], "decode_tok_s_on": rates["on"],
-            "speedup": rates["on"] / rates["off"], "acceptance": rates["acceptance"], "max_draft_len": k}
+            out[f"{kind}/{name}"] = {"decode_tok_s": rate,
+                                     "acceptance": s.accepted_draft_tokens / max(s.draft_tokens, 1)}
+        base = out[f"{kind}/off"]["decode_tok_s"]
+        for name in runs:
+            if f"{kind}/{name}" in out:
+                out[f"{kind}/{name}"]["speedup"] = out[f"{kind}/{name}"]["decode_tok_s"] / base
+    return out
 
 
 def budget_sweep(model_dir: str, budgets: list[int], n_long: int = 2, n_short: int = 8) -> list[dict]:
@@ -116,9 +154,12 @@ def main() -> None:
     print(f"prefix caching: TTFT cold {pf['ttft_cold_s']:.3f}s, warm {pf['ttft_warm_s']:.3f}s -> "
           f"{pf['speedup']:.1f}x faster; prompt-token hit rate {100 * pf['hit_rate']:.0f}%")
     sp = speculative_figure(model_dir)
-    print(f"prompt-lookup speculative decoding (k={sp['max_draft_len']}, extractive prompt): decode "
-          f"{sp['decode_tok_s_off']:.1f} -> {sp['decode_tok_s_on']:.1f} tok/s = {sp['speedup']:.2f}x; "
-          f"acceptance {100 * sp['acceptance']:.0f}%")
+    print(f"speculative decoding (k={sp['max_draft_len']}; draft model = the target's first "
+          f"{sp['draft_layers']} layers), batch-1 decode:")
+    for key, r in sp.items():
+        if isinstance(r, dict):
+            print(f"  {key:28s} {r['decode_tok_s']:6.1f} tok/s  {r['speedup']:.2f}x  "
+                  f"acceptance {100 * r['acceptance']:.0f}%")
     print("token budget sweep (2 prompts of 512 arriving among 8 decoding requests):")
     sweep = budget_sweep(model_dir, [int(b) for b in args.budgets.split(",")])
     os.makedirs(args.out, exist_ok=True)
