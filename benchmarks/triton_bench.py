@@ -27,7 +27,7 @@ def _repository(model_dir: str, dtype: str, batch: int, seq: int) -> str:
         text_format.Parse(f.read(), cfg)
     overrides = {"gpt_model_path": os.path.abspath(model_dir), "engine_dtype": dtype,
                  "max_tokens_in_paged_kv_cache": str(batch * seq + 256), "max_num_sequences": str(batch),
-                 "max_num_tokens": "2048"}
+                 "max_num_tokens": "2048", "lora_adapters": ""}
     for k, v in overrides.items():
         cfg.parameters[k].string_value = v
     cfg.max_batch_size = max(cfg.max_batch_size, batch)
