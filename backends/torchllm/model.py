@@ -7,6 +7,7 @@ response at the end. Client cancellation and the `stop` input abort the request 
 import itertools
 import logging
 import os
+import queue
 import sys
 import threading
 import time
@@ -94,7 +95,12 @@ class TritonPythonModel:
         self.ids = itertools.count()
         self.metrics = LLMMetrics(_metric_family, args["model_name"],
                                   float(params.get("cost_per_instance_hour_usd", "0") or 0))
-        self.runner = EngineRunner(self.engine, self._on_output).start()
+        # Responses leave on their own thread: each send is a round trip to the server process, and made
+        # from the engine thread they would stall the next step (16 streams = 16 round trips per step).
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.responder = threading.Thread(target=self._respond, name="llm-responses", daemon=True)
+        self.responder.start()
+        self.runner = EngineRunner(self.engine, self.outbox.put).start()
         self.closing = threading.Event()
         self.watcher = threading.Thread(target=self._watch, daemon=True)
         self.watcher.start()
@@ -153,6 +159,13 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
 
+    def _respond(self):
+        while (out := self.outbox.get()) is not None:
+            try:
+                self._on_output(out)
+            except Exception as e:  # one failed send must not stop the others' responses
+                self.logger.log_error(f"tensorrt_llm: response for {out.request_id} failed: {e}")
+
     def _on_output(self, out):
         with self.lock:
             s = self.streams.get(out.request_id)
@@ -207,3 +220,5 @@ class TritonPythonModel:
     def finalize(self):
         self.closing.set()
         self.runner.shutdown(timeout=30.0)
+        self.outbox.put(None)  # after the runner's last output: every final response is sent first
+        self.responder.join(10.0)
