@@ -195,6 +195,18 @@ def server_footprint(server_pid: int) -> dict:
 
 # --------------------------------------------------------------------------- throwaway repositories
 
+def _absolute_paths(value: str, base: Path) -> str:
+    """``value`` with each relative path (``./x``, ``../x``, or ``key=../x`` items of a comma list) made
+    absolute against ``base``; everything else unchanged."""
+    items = []
+    for item in value.split(","):
+        key, sep, path = item.rpartition("=")
+        if path.startswith(("./", "../")):
+            path = str((base / path).resolve())
+        items.append(key + sep + path)
+    return ",".join(items)
+
+
 def throwaway_repository(overrides: dict[str, str], models: tuple[str, ...] = ("tensorrt_llm",),
                          gpt_model_path: str | None = None) -> Path:
     """A temp repository with ``models`` copied from model_repository (configs as rendered), the
@@ -209,9 +221,8 @@ def throwaway_repository(overrides: dict[str, str], models: tuple[str, ...] = ("
         shutil.copytree(src, tmp / model, ignore=shutil.ignore_patterns("__pycache__"))
         cfg = model_config_pb2.ModelConfig()
         text_format.Parse((src / "config.pbtxt").read_text(), cfg)
-        for key in ("gpt_model_path", "tokenizer_dir"):
-            if key in cfg.parameters and not os.path.isabs(cfg.parameters[key].string_value):
-                cfg.parameters[key].string_value = str((src / cfg.parameters[key].string_value).resolve())
+        for key in cfg.parameters:  # relative paths, also inside lists such as "1=../a,2=../b"
+            cfg.parameters[key].string_value = _absolute_paths(cfg.parameters[key].string_value, src)
         if model == "tensorrt_llm":
             for k, v in overrides.items():
                 cfg.parameters[k].string_value = str(v)

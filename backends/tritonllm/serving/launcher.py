@@ -7,9 +7,13 @@ Invariants:
 - ``stop()`` drains: SIGINT (Triton waits for in-flight requests), then waits, then kills the whole
   process group (the Python stubs included). It is idempotent.
 - Ports are always given by the caller (tests use ``find_free_ports``); nothing here picks a fixed port.
+- A stub watchdog (``tritonllm.serving.watchdog``, policy ``stub_watchdog``: auto / reload / restart, None
+  = off) runs while the server is up: Triton 2.51 never restarts a dead stub of a decoupled model, the
+  watchdog reloads that model or restarts the server. For reloads the server runs with
+  ``--model-control-mode=explicit --load-model=*`` unless the caller passes its own model-control mode.
 
 CLI (foreground, for ``make serve``): ``python -m tritonllm.serving.launcher --http-port 8000 ... [-- extra
-tritonserver args such as --model-config-name trtllm]``.
+tritonserver args such as --model-config-name trtllm]``; ``--stub-watchdog off`` disables the watchdog.
 
 This module imports nothing from Triton; it talks HTTP with the standard library only.
 """
@@ -30,6 +34,7 @@ from typing import Iterable, Sequence
 
 from tritonllm.serving.discovery import REPO_ROOT, assemble_backends, find_free_ports, find_tritonserver, server_env
 from tritonllm.serving.server_log import describe_failure, failed_models, failure_summary
+from tritonllm.serving.watchdog import StubWatchdog, arg_value
 
 __all__ = ["TritonServer", "ServerStartError", "find_free_ports", "find_tritonserver", "failed_models", "main"]
 
@@ -60,6 +65,7 @@ class TritonServer:
         exit_timeout_s: int = 10,
         repo_root: str | os.PathLike = REPO_ROOT,
         tritonserver: str | os.PathLike | None = None,
+        stub_watchdog: str | None = "auto",
     ):
         self.repo_root = Path(repo_root).resolve()
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
@@ -71,6 +77,14 @@ class TritonServer:
         self.binary = Path(tritonserver) if tritonserver else find_tritonserver()
         self.process: subprocess.Popen | None = None
         self._log_file = None
+        self.echo = False  # foreground CLI: also copy the server's output to our stdout
+        self._launches = 0
+        self.stub_watchdog = stub_watchdog
+        self.watchdog: StubWatchdog | None = None
+        if stub_watchdog is not None:
+            self.watchdog = StubWatchdog(lambda: self.process.pid if self.process else None, self.http_url,
+                                         self.metrics_url, self.server_args(), policy=stub_watchdog,
+                                         on_restart=self.restart)
 
     def _abs(self, p: str | os.PathLike) -> Path:
         path = Path(p)
@@ -99,22 +113,35 @@ class TritonServer:
             "--metrics-port", str(self.metrics_port),
         ]
         cmd += ["--exit-timeout-secs", str(self.exit_timeout_s)]
-        return cmd + self.extra_args
+        return cmd + self.server_args()
+
+    def server_args(self) -> list[str]:
+        """The caller's extra arguments; with the watchdog on and no model-control mode given, explicit model
+        control loading every model (the same models as the default mode, plus the reload API)."""
+        args = list(self.extra_args)
+        if self.stub_watchdog is not None and arg_value(args, "--model-control-mode") is None:
+            args = ["--model-control-mode=explicit", "--load-model=*"] + args
+        return args
 
     def launch(self, stdout=None) -> subprocess.Popen:
-        """Start the process without waiting. ``stdout`` defaults to the log file."""
+        """Start the process without waiting. ``stdout`` defaults to the log file (appended to after a
+        restart); with ``echo`` the output also goes to our stdout."""
         backend_dir = assemble_backends(self.binary, self.repo_root)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._launches += 1
         if stdout is None:
-            self._log_file = open(self.log_path, "wb")
-            stdout = self._log_file
+            self._log_file = open(self.log_path, "wb" if self._launches == 1 else "ab")
+            stdout = subprocess.PIPE if self.echo else self._log_file
         # A new session makes the server and its Python stubs one process group, so stop() can reach all.
         self.process = subprocess.Popen(
             self.command(backend_dir), cwd=self.repo_root, env=server_env(self.binary, self.repo_root),
             stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
+        if self.echo and stdout is subprocess.PIPE:
+            threading.Thread(target=_pump, args=(self.process.stdout, self._log_file), daemon=True).start()
         # The server lives in its own session, so a crashing caller would orphan it: stop it at exit.
-        atexit.register(self.stop)
+        if self._launches == 1:
+            atexit.register(self.stop)
         return self.process
 
     def is_ready(self) -> bool:
@@ -143,7 +170,26 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        if self.watchdog is not None:
+            self.watchdog.start()
         return self
+
+    def restart(self, timeout: float = 300.0) -> None:
+        """Drain and restart (the watchdog's last resort). SIGINT lets in-flight requests of healthy models
+        finish; once Triton logs that no inference is in flight, the process group is killed at once rather
+        than after the exit timeout (a version pinned by orphaned streams never finishes unloading)."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            mark = len(self.read_log())
+            proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + self.exit_timeout_s + 5
+            while proc.poll() is None and time.monotonic() < deadline:
+                if "All models are stopped" in self.read_log()[mark:]:
+                    break
+                time.sleep(0.1)
+        self._kill_and_reap()
+        self.launch()
+        self.wait_ready(timeout)
 
     def read_log(self) -> str:
         if self._log_file is not None:
@@ -162,6 +208,8 @@ class TritonServer:
         Returns the server's exit code (0 after a clean drain), or None when it was not running.
         """
         timeout = self.exit_timeout_s + 10 if timeout is None else timeout
+        if self.watchdog is not None:
+            self.watchdog.stop()
         proc = self.process
         if proc is None:
             return None
@@ -171,11 +219,19 @@ class TritonServer:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
+        return self._kill_and_reap()
+
+    def _kill_and_reap(self) -> int | None:
+        proc = self.process
+        if proc is None:
+            return None
         try:  # stubs left behind by a killed or crashed server still belong to the group
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         code = proc.wait()
+        if proc.stdout is not None:
+            time.sleep(0.2)  # let the pump copy the last lines
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -191,45 +247,60 @@ class TritonServer:
 
 # --------------------------------------------------------------------------- foreground CLI
 
-def serve_foreground(server: TritonServer, timeout: float) -> int:
-    """Run until Ctrl-C: the log goes to the terminal and to ``server.log_path``; readiness is announced."""
-    server.log_path.parent.mkdir(parents=True, exist_ok=True)
-    proc = server.launch(stdout=subprocess.PIPE)
-    ready = threading.Event()
+def _pump(stream, log) -> None:
+    """Copy the server's output to the log file and to our stdout (foreground CLI)."""
+    for chunk in iter(stream.readline, b""):
+        try:
+            log.write(chunk)
+            log.flush()
+        except ValueError:  # the log was closed by stop()/restart(): keep echoing
+            pass
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
 
-    def announce() -> None:
+
+def serve_foreground(server: TritonServer, timeout: float) -> int:
+    """Run until Ctrl-C: the log goes to the terminal and to ``server.log_path``; readiness is announced.
+    A restart by the stub watchdog keeps the foreground session going."""
+    server.echo = True
+    ready = threading.Event()
+    code = None
+    try:
+        server.launch()
         deadline = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < deadline:
+        while server.process is not None and server.process.poll() is None and time.monotonic() < deadline:
             if server.is_ready():
                 ready.set()
-                print(f"\n*** tritonserver READY  http://{server.http_url}  grpc {server.grpc_url}  "
-                      f"metrics http://{server.metrics_url}/metrics  (Ctrl-C stops)\n", flush=True)
-                return
+                break
             time.sleep(0.5)
-        if proc.poll() is None:
+        if ready.is_set():
+            print(f"\n*** tritonserver READY  http://{server.http_url}  grpc {server.grpc_url}  "
+                  f"metrics http://{server.metrics_url}/metrics  (Ctrl-C stops)\n", flush=True)
+            if server.watchdog is not None:
+                server.watchdog.start()
+        elif server.process is not None and server.process.poll() is None:
             print(f"\n*** tritonserver not ready after {timeout:.0f} s\n", flush=True)
-
-    threading.Thread(target=announce, daemon=True).start()
-    with open(server.log_path, "wb") as log:
-        def pump() -> None:
-            for chunk in iter(proc.stdout.readline, b""):
-                log.write(chunk)
-                log.flush()
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-
+        while True:  # the watchdog may swap the process: wait while one runs or a restart is under way
+            proc = server.process
+            if proc is not None and proc.poll() is None:
+                time.sleep(0.5)
+            elif server.watchdog is not None and server.watchdog.busy.locked():
+                time.sleep(0.5)
+            else:
+                break
+    except KeyboardInterrupt:
+        # The server runs in its own session, so the terminal's Ctrl-C reaches only us: forward it and wait
+        # while Triton drains; a second Ctrl-C falls through to the kill in stop().
+        if server.watchdog is not None:
+            server.watchdog.stop()
         try:
-            pump()
+            if server.process is not None:
+                server.process.send_signal(signal.SIGINT)
+                server.process.wait()
         except KeyboardInterrupt:
-            # The server runs in its own session, so the terminal's Ctrl-C reaches only us: forward it
-            # and keep echoing while Triton drains; a second Ctrl-C falls through to the kill in stop().
-            proc.send_signal(signal.SIGINT)
-            try:
-                pump()
-            except KeyboardInterrupt:
-                pass
-        finally:
-            code = server.stop()
+            pass
+    finally:
+        code = server.stop()
     if not ready.is_set():
         print("\n" + failure_summary(server.read_log()), file=sys.stderr)
         return code or 1
@@ -273,12 +344,16 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--exit-timeout", type=int, default=30, help="seconds Triton drains on Ctrl-C")
     parser.add_argument("--repo-root", default=str(REPO_ROOT))
+    parser.add_argument("--stub-watchdog", choices=("auto", "reload", "restart", "off"), default="auto",
+                        help="on a dead Python stub: reload its model, restart the server, or both as "
+                             "needed (auto); see tritonllm.serving.watchdog")
     args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
     extra = [a for a in extra if a != "--"]
     server = TritonServer(
         args.http_port, args.grpc_port, args.metrics_port,
         repositories=args.repositories or DEFAULT_REPOSITORIES, log_path=args.log_path,
         extra_args=extra, exit_timeout_s=args.exit_timeout, repo_root=args.repo_root,
+        stub_watchdog=None if args.stub_watchdog == "off" else args.stub_watchdog,
     )
     print(f"tritonserver: {server.binary}\nlog: {server.log_path}\n$ {' '.join(server.command(Path('build/backends')))}",
           flush=True)
