@@ -3,7 +3,9 @@
 1. parity: greedy tokens of our engine on CUDA (fp32) equal HF transformers on CUDA, tiny random Llama;
 2. throughput: an 8B-shape random Llama (hidden 4096, 32 layers, 32/8 heads, intermediate 14336, vocab
    128256) in bf16, 64 requests of ISL 128 / OSL 128, output tokens/s (weights made on the GPU: nothing
-   16 GB is written to disk).
+   16 GB is written to disk);
+3. the same with FP8 weights through `torch._scaled_mm` (fp8_matmul auto: scaled on SM >= 8.9), plus the
+   scaled matmul's error against bf16 on one 4096 x 14336 layer.
 Prints one JSON line and writes it to $OUT/gpu_check.json when OUT is set.
 
     python benchmarks/gpu_check.py [--skip-8b] [--batch 64]
@@ -48,7 +50,7 @@ def parity(device: str) -> dict:
     return {"parity_prompts_equal": same, "parity_prompts": len(prompts)}
 
 
-def throughput_8b(device: str, batch: int, isl: int = 128, osl: int = 128) -> dict:
+def throughput_8b(device: str, batch: int, isl: int = 128, osl: int = 128, fp8: bool = False) -> dict:
     import torch
     from transformers import LlamaConfig
     from tritonllm.engine.config import EngineConfig
@@ -79,7 +81,7 @@ def throughput_8b(device: str, batch: int, isl: int = 128, osl: int = 128) -> di
                   p + "self_attn.v_proj.weight": rnd(kv, H), p + "self_attn.o_proj.weight": rnd(H, q),
                   p + "mlp.gate_proj.weight": rnd(I, H), p + "mlp.up_proj.weight": rnd(I, H),
                   p + "mlp.down_proj.weight": rnd(H, I)})
-    model = Transformer(spec, w, torch.device(device), torch.bfloat16)
+    model = Transformer(spec, w, torch.device(device), torch.bfloat16, fp8_weights=fp8)
     del w
     engine = LLMEngine(d, EngineConfig(max_kv_tokens=batch * (isl + osl) + 256, max_num_tokens=8192,
                                        max_num_seqs=batch, device=device, dtype="bfloat16"), model=model)
@@ -93,7 +95,23 @@ def throughput_8b(device: str, batch: int, isl: int = 128, osl: int = 128) -> di
         n += sum(len(o.new_token_ids) for o in engine.step())
     torch.cuda.synchronize()
     dt = time.perf_counter() - t
-    return {"8b_batch": batch, "8b_output_tokens": n, "8b_seconds": dt, "8b_output_tok_s": n / dt}
+    tag = "8b_fp8" if fp8 else "8b"
+    out = {f"{tag}_batch": batch, f"{tag}_output_tokens": n, f"{tag}_seconds": dt, f"{tag}_output_tok_s": n / dt}
+    if fp8:
+        out["8b_fp8_scaled_mm"] = bool(model.layers[0].qkv.scaled_mm)  # False: fell back to dequant
+    return out
+
+
+def fp8_layer_error(device: str) -> dict:
+    import torch
+    from tritonllm.engine.fp8 import FP8Weight, scaled_linear
+
+    g = torch.Generator(device=device).manual_seed(1)
+    w = torch.randn(14336, 4096, device=device, generator=g, dtype=torch.bfloat16) * 0.02
+    x = torch.randn(64, 4096, device=device, generator=g, dtype=torch.bfloat16)
+    ref = (x.float() @ w.float().t())
+    y = scaled_linear(x, FP8Weight(w, scaled_mm=True)).float()
+    return {"fp8_layer_rel_err": float((y - ref).norm() / ref.norm())}
 
 
 def main() -> None:
@@ -109,8 +127,13 @@ def main() -> None:
               "torch": torch.__version__}
     result.update(parity("cuda"))
     print(json.dumps(result), flush=True)
+    result.update(fp8_layer_error("cuda"))
+    print(json.dumps(result), flush=True)
     if not args.skip_8b:
         result.update(throughput_8b("cuda", args.batch))
+        print(json.dumps(result), flush=True)
+        torch.cuda.empty_cache()
+        result.update(throughput_8b("cuda", args.batch, fp8=True))
     line = json.dumps(result)
     print(line)
     if os.environ.get("OUT"):

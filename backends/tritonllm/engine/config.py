@@ -31,6 +31,7 @@ class EngineConfig:
     num_threads: int = 0                 # torch intra-op threads on CPU; 0 keeps torch's default
     tokenizer_dir: str | None = None     # for guided decoding; defaults to the checkpoint directory
     quantization: str = "none"           # none | fp8 (weights: float8_e4m3fn, per-channel scales)
+    fp8_matmul: str = "auto"             # auto (scaled FP8 on SM >= 8.9, else dequant) | scaled | dequant
     kv_cache_dtype: str = "auto"         # auto (= compute dtype) | fp8
     lora_adapters: dict[int, str] = field(default_factory=dict)  # lora_task_id -> PEFT adapter folder
 

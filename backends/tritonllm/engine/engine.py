@@ -55,7 +55,8 @@ class LLMEngine:
         if self.config.num_threads > 0:
             torch.set_num_threads(self.config.num_threads)
         self.model = model or load_model(model_dir, self.config.device, self.config.dtype,
-                                         fp8_weights=self.config.quantization == "fp8")
+                                         fp8_weights=self.config.quantization == "fp8",
+                                         fp8_matmul=self.config.fp8_matmul)
         spec = self.model.spec
         self.spec = spec
         self.lora = LoraSet.load(self.config.lora_adapters, spec, self.model.device, self.model.dtype)

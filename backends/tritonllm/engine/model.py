@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .fp8 import FP8Weight, linear, load, store
+from .fp8 import FP8Weight, linear, load, store, wants_scaled_mm
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet
 
@@ -72,7 +72,7 @@ class Transformer:
     """Weights + forward. Not an nn.Module: inference only, no autograd, no hooks."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype, fp8_weights: bool = False) -> None:
+                 dtype: torch.dtype, fp8_weights: bool = False, fp8_matmul: str = "auto") -> None:
         self.spec = spec
         self.kv_scale = 1.0
         self.device = device
@@ -82,12 +82,13 @@ class Transformer:
         self.norm = w["model.norm.weight"]
         self.lm_head = self.embed if spec.tie_word_embeddings else w.get("lm_head.weight", self.embed)
         self.layers = []
+        scaled = fp8_weights and wants_scaled_mm(fp8_matmul, device)
         for i in range(spec.num_layers):
             prefix = f"model.layers.{i}."
             self.layers.append(Layer({k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}, spec))
             if fp8_weights:
                 for name in ("qkv", "o", "gate_up", "down"):
-                    setattr(self.layers[-1], name, FP8Weight(getattr(self.layers[-1], name)))
+                    setattr(self.layers[-1], name, FP8Weight(getattr(self.layers[-1], name), scaled))
         inv_freq, self.rope_scale = rope_inv_freq(spec, device)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         self.q_size = spec.num_heads * spec.head_dim
