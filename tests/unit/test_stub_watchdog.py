@@ -41,15 +41,16 @@ def test_stub_identity_from_argv():
     assert stub_identity(argv[:5]) is None
 
 
-def test_launcher_passes_explicit_model_control_only_when_the_caller_gives_no_mode(tmp_path):
-    def args(**kw):
-        return TritonServer(1, 2, 3, repo_root=tmp_path, tritonserver=tmp_path / "tritonserver", **kw).server_args()
+def test_launcher_never_opens_the_load_api_by_itself(tmp_path):
+    """Explicit model control (reloads) only where the caller asks for it: the load API can override a
+    model's config, so an unrestricted `make serve` keeps Triton's default mode and the watchdog restarts."""
+    def server(**kw):
+        return TritonServer(1, 2, 3, repo_root=tmp_path, tritonserver=tmp_path / "tritonserver", **kw)
 
-    assert args()[:2] == ["--model-control-mode=explicit", "--load-model=*"]
-    assert args(extra_args=["--model-control-mode=none"]) == ["--model-control-mode=none"]
-    assert args(stub_watchdog=None) == []
-    assert TritonServer(1, 2, 3, repo_root=tmp_path, tritonserver=tmp_path / "t",
-                        extra_args=["--model-control-mode=none"]).watchdog.can_reload is False
+    assert server().server_args() == [] and server().watchdog.can_reload is False
+    explicit = ["--model-control-mode=explicit", "--load-model=*"]
+    assert server(extra_args=explicit).server_args() == explicit
+    assert server(extra_args=explicit).watchdog.can_reload is True
 
 
 def test_is_alive_sees_a_zombie_as_dead_and_descendants_finds_children():

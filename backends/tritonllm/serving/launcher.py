@@ -9,8 +9,10 @@ Invariants:
 - Ports are always given by the caller (tests use ``find_free_ports``); nothing here picks a fixed port.
 - A stub watchdog (``tritonllm.serving.watchdog``, policy ``stub_watchdog``: auto / reload / restart, None
   = off) runs while the server is up: Triton 2.51 never restarts a dead stub of a decoupled model, the
-  watchdog reloads that model or restarts the server. For reloads the server runs with
-  ``--model-control-mode=explicit --load-model=*`` unless the caller passes its own model-control mode.
+  watchdog reloads that model or restarts the server. Reloads need explicit model control, which opens
+  the load API (a load may override a model's config, paths included): the launcher never turns it on by
+  itself; the production profile does, with that API behind the admin key. Otherwise the watchdog
+  restarts the server (drained).
 
 CLI (foreground, for ``make serve``): ``python -m tritonllm.serving.launcher --http-port 8000 ... [-- extra
 tritonserver args such as --model-config-name trtllm]``; ``--stub-watchdog off`` disables the watchdog.
@@ -34,7 +36,7 @@ from typing import Iterable, Sequence
 
 from tritonllm.serving.discovery import REPO_ROOT, assemble_backends, find_free_ports, find_tritonserver, server_env
 from tritonllm.serving.server_log import describe_failure, failed_models, failure_summary
-from tritonllm.serving.watchdog import StubWatchdog, arg_value
+from tritonllm.serving.watchdog import StubWatchdog
 
 __all__ = ["TritonServer", "ServerStartError", "find_free_ports", "find_tritonserver", "failed_models", "main"]
 
@@ -116,12 +118,9 @@ class TritonServer:
         return cmd + self.server_args()
 
     def server_args(self) -> list[str]:
-        """The caller's extra arguments; with the watchdog on and no model-control mode given, explicit model
-        control loading every model (the same models as the default mode, plus the reload API)."""
-        args = list(self.extra_args)
-        if self.stub_watchdog is not None and arg_value(args, "--model-control-mode") is None:
-            args = ["--model-control-mode=explicit", "--load-model=*"] + args
-        return args
+        """The caller's extra arguments, as given: explicit model control (the watchdog's reload path) only
+        where the caller chose it, as the production profile does with the load API behind a key."""
+        return list(self.extra_args)
 
     def launch(self, stdout=None) -> subprocess.Popen:
         """Start the process without waiting. ``stdout`` defaults to the log file (appended to after a
