@@ -5,6 +5,9 @@ tokens, EOS ignored. Prints machine bounds measured on the spot (copy bandwidth,
 tokens/s with ratios to HF in the same dtype, and writes build/bench/engine.{json,png}.
 
     python benchmarks/bench_engine.py [--batches 1,16,64] [--dtypes float32,bfloat16] [--triton]
+
+--triton adds `tensorrt_llm` (token ids, one response per request) and `ensemble` (text, streamed token by
+token) through a real tritonserver, each with its ratio to the engine in-process on the same token ids.
 """
 from __future__ import annotations
 
@@ -132,9 +135,28 @@ def main() -> None:
             for b in batches:
                 log(f"{dtype}: through Triton, concurrency {b}")
                 row[f"triton_e2e_b{b}"] = triton_e2e(model_dir, dtype, work[:b], args.new)
+            text_rows(row, engine, model_dir, dtype, work, batches, args.new)
         results["rows"].append(row)
         del engine
     report(results, batches, args.out)
+
+
+def text_rows(row: dict, engine: LLMEngine, model_dir: str, dtype: str, work, batches, new: int) -> None:
+    """`ensemble` streaming (text in, token-by-token text out) vs the engine in-process on the very ids
+    preprocessing makes of the same texts (the bench model gets a made-up BPE tokenizer covering its ids)."""
+    from peers.setup_envs import model_with_tokenizer
+    from transformers import AutoTokenizer
+    from triton_bench import ensemble_e2e
+
+    tok_dir = model_with_tokenizer(model_dir)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    texts = [tok.decode(p) for p in work]
+    ids = [tok(t).input_ids for t in texts]
+    for b in batches:
+        log(f"{dtype}: engine on the ensemble's token ids, batch {b}")
+        row[f"ours-text_e2e_b{b}"] = rate(engine_run(engine, ids[:b], new))
+        log(f"{dtype}: through the ensemble (streaming), concurrency {b}")
+        row[f"ensemble_e2e_b{b}"] = ensemble_e2e(tok_dir, dtype, texts[:b], new, stream=True)
 
 
 def _weights(engine):
@@ -155,8 +177,8 @@ def report(results: dict, batches: list[int], out_dir: str) -> None:
     head = f"{'dtype':9} {'what':18} {'batch-1 decode':>15}" + "".join(f" {'e2e b' + str(x):>12}" for x in batches)
     print(head)
     for r in results["rows"]:
-        for who in ("ours", "hf", "triton"):
-            if not any(k.startswith(who) for k in r):
+        for who in ("ours", "hf", "triton", "ours-text", "ensemble"):
+            if not any(k.startswith(who + "_") for k in r):
                 continue
             line = f"{r['dtype']:9} {who:18} {r.get(who + '_b1', float('nan')):15.1f}"
             line += "".join(f" {r.get(f'{who}_e2e_b{x}', float('nan')):12.1f}" for x in batches)
@@ -168,6 +190,9 @@ def report(results: dict, batches: list[int], out_dir: str) -> None:
         if any(k.startswith("triton") for k in r):
             print(f"{r['dtype']:9} {'ratio Triton/ours':18} {'':15}"
                   + "".join(f" {r[f'triton_e2e_b{x}'] / r[f'ours_e2e_b{x}']:11.2f}x" for x in batches))
+        if any(k.startswith("ensemble") for k in r):
+            print(f"{r['dtype']:9} {'ratio ensemble/ours':18} {'':15}"
+                  + "".join(f" {r[f'ensemble_e2e_b{x}'] / r[f'ours-text_e2e_b{x}']:11.2f}x" for x in batches))
         print(f"{r['dtype']:9} {'bandwidth bound':18} {r['bw_bound_tok_s']:15.1f}   (ours at "
               f"{100 * r['ours_b1'] / r['bw_bound_tok_s']:.0f}% of it; weights {r['weight_MB']:.0f} MB)")
         s = r["kv_bytes_per_token"]
@@ -188,7 +213,7 @@ def report(results: dict, batches: list[int], out_dir: str) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results["rows"]:
-        for who in ("ours", "hf", "triton"):
+        for who in ("ours", "hf", "triton", "ensemble"):
             ys = [r.get(f"{who}_e2e_b{x}") for x in batches]
             if all(y is not None for y in ys):
                 ax.plot(batches, ys, marker="o", label=f"{who} {r['dtype']}")
