@@ -74,9 +74,10 @@ bench: build
 	$(PY) benchmarks/bench_engine.py --triton
 	$(PY) benchmarks/bench_features.py
 
-# Peers on the same workload (not in `make test`, not in CI: ~3.5 GB and ~10 minutes the first time): vLLM CPU
-# and llama.cpp in their own virtualenvs under build/peers, greedy ids checked against ours, table and plot in
-# build/bench/peers.{json,png}. PEERS_ARGS="--peers llamacpp --skip-hf" narrows it.
+# Peers on the same workload (not in `make test`, not in CI: ~6 GB under build/peers and 15-25 minutes the first
+# time on 2 cores, mostly the llama.cpp compile): vLLM CPU and llama.cpp in their own virtualenvs, greedy ids
+# checked against ours, table and plot in build/bench/peers.{json,png}. PEERS_ARGS="--peers llamacpp --skip-hf"
+# narrows it; PEERS_ARGS="--quiet-wait 300" waits for a quiet machine before each engine.
 PEERS_ARGS ?=
 bench-peers: build
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"

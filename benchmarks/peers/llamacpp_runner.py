@@ -52,16 +52,20 @@ def main() -> None:
     for p in prompts[: spec["check_prompts"]]:
         res["ids"].append(greedy(llm, p, spec["check_n"])[0])
     greedy(llm, prompts[0], 4)  # warm-up
-    t1 = greedy(llm, prompts[0], 1)[1]
-    tn = greedy(llm, prompts[0], new)[1]
-    res["b1_decode"] = (new - 1) / max(tn - t1, 1e-9)
-    res["e2e_b1_python"] = new / tn
+    for _ in range(spec.get("repeat", 1)):  # best of `repeat`
+        t1 = greedy(llm, prompts[0], 1)[1]
+        tn = greedy(llm, prompts[0], new)[1]
+        res["b1_decode"] = max(res.get("b1_decode", 0.0), (new - 1) / max(tn - t1, 1e-9))
+        res["e2e_b1_python"] = max(res.get("e2e_b1_python", 0.0), new / tn)
     del llm
-    rows = batched_bench(spec["batched_bench"], spec["gguf"], len(prompts[0]), new, spec["batches"], threads)
-    for b in spec["batches"]:
-        r = rows[b]
-        res[f"e2e_b{b}"] = b * new / r["t"]
-        res[f"batched_bench_b{b}"] = {k: r[k] for k in ("t_pp", "speed_pp", "t_tg", "speed_tg", "t", "flash_attn")}
+    for _ in range(spec.get("repeat", 1)):
+        rows = batched_bench(spec["batched_bench"], spec["gguf"], len(prompts[0]), new, spec["batches"], threads)
+        for b in spec["batches"]:
+            r = rows[b]
+            if b * new / r["t"] > res.get(f"e2e_b{b}", 0.0):
+                res[f"e2e_b{b}"] = b * new / r["t"]
+                res[f"batched_bench_b{b}"] = {k: r[k] for k in ("t_pp", "speed_pp", "t_tg", "speed_tg", "t",
+                                                                "flash_attn")}
     print(json.dumps(res))
 
 

@@ -49,7 +49,8 @@ def table(results: dict, batch: int = 16) -> str:
     ours = rows["ours"]
     w = 34
     lines = [f"fp32, {results['threads']} threads, {results['prompt_len']}-token prompts, {results['new']} new "
-             f"tokens (EOS ignored); first {results['check_n']} greedy ids checked against ours",
+             f"tokens (EOS ignored), best of {results.get('repeat', 1)} runs; first {results['check_n']} greedy ids "
+             "checked against ours",
              f"{'engine':{w}} {'b1 decode tok/s':>15} {f'e2e b{batch} tok/s':>15} {'ours/it b1':>11} "
              f"{f'ours/it b{batch}':>11}  greedy ids agree"]
     for name, r in rows.items():
@@ -64,9 +65,12 @@ def table(results: dict, batch: int = 16) -> str:
         lines.append(f"{label:{w}} {_fmt(b1):>15} {_fmt(bb):>15} {_fmt_ratio(r1):>11} {_fmt_ratio(rb):>11}  "
                      f"{_agree_text(r)}")
     if "loadavg_1m_start" in results:
-        lines.append(f"machine load (1-min average, {os.cpu_count()} cores): {results['loadavg_1m_start']:.1f} at "
-                     f"start, {results.get('loadavg_1m_end', float('nan')):.1f} at end (above the core count, "
-                     "other work shared the CPU)")
+        loads = [results["loadavg_1m_start"], results.get("loadavg_1m_end", 0.0)]
+        loads += [x for r in rows.values() for x in r.get("loadavg_1m", [])]
+        busy = max(loads) > (os.cpu_count() or 2) + 0.5
+        lines.append(f"machine load (1-min average, {os.cpu_count()} cores): {loads[0]:.1f} at start, {loads[1]:.1f} "
+                     f"at end, {max(loads):.1f} at most" + (": other work shared the CPU, figures are low and noisy"
+                                                             if busy else ""))
     lines.append("targets (issue #9):")
     for peer, metric, minimum, goal in TARGETS:
         r = rows.get(peer)

@@ -126,7 +126,7 @@ def llamacpp_env() -> str:
                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], logf,
                "llama.cpp: cmake configure")
     run_logged(["cmake", "--build", LLAMACPP_BUILD, "--target", "llama", "llama-batched-bench", "-j",
-                str(os.cpu_count() or 2)], logf, "llama.cpp: compiling libllama + llama-batched-bench (~5 min)")
+                str(os.cpu_count() or 2)], logf, "llama.cpp: compiling libllama + llama-batched-bench (5-10 min)")
     open(stamp, "w").close()
     return py
 
@@ -164,8 +164,8 @@ def model_with_tokenizer(model_dir: str) -> str:
     fixed order until the vocabulary is full. The benchmark feeds token ids, so only its shape matters (the
     converter and vLLM load one)."""
     out = os.path.join(PEERS, "model")
-    src_stamp = open(os.path.join(model_dir, ".stamp")).read() if os.path.exists(
-        os.path.join(model_dir, ".stamp")) else "none"
+    src_stamp = "tok2:" + (open(os.path.join(model_dir, ".stamp")).read() if os.path.exists(
+        os.path.join(model_dir, ".stamp")) else "none")
     stamp = os.path.join(out, ".stamp")
     if os.path.isfile(stamp) and open(stamp).read() == src_stamp:
         return out
@@ -176,6 +176,11 @@ def model_with_tokenizer(model_dir: str) -> str:
             shutil.copy(os.path.join(model_dir, name), out)
     vocab_size = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
     make_tokenizer(vocab_size).save_pretrained(out)
+    cfg_path = os.path.join(out, "tokenizer_config.json")  # readable by transformers 4 (the converter's) too
+    cfg = json.load(open(cfg_path))
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=1)
     with open(stamp, "w") as f:
         f.write(src_stamp)
     return out

@@ -34,13 +34,15 @@ def main() -> None:
     run(prompts[:1], 4)  # warm-up (compilation, first allocations)
     ids, _ = run(prompts[: max(spec["check_prompts"], 1)], spec["check_n"])
     res["ids"] = ids[: spec["check_prompts"]]
-    t1 = run(prompts[:1], 1)[1]
-    tn = run(prompts[:1], new)[1]
-    res["b1_decode"] = (new - 1) / max(tn - t1, 1e-9)
-    res["e2e_b1"] = new / tn
+    for _ in range(spec.get("repeat", 1)):  # best of `repeat`
+        t1 = run(prompts[:1], 1)[1]
+        tn = run(prompts[:1], new)[1]
+        res["b1_decode"] = max(res.get("b1_decode", 0.0), (new - 1) / max(tn - t1, 1e-9))
+        res["e2e_b1"] = max(res.get("e2e_b1", 0.0), new / tn)
     for b in spec["batches"]:
-        outs, dt = run(prompts[:b], new)
-        res[f"e2e_b{b}"] = sum(len(o) for o in outs) / dt
+        for _ in range(spec.get("repeat", 1)):
+            outs, dt = run(prompts[:b], new)
+            res[f"e2e_b{b}"] = max(res.get(f"e2e_b{b}", 0.0), sum(len(o) for o in outs) / dt)
     print("\n" + json.dumps(res), flush=True)
 
 
