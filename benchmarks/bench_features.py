@@ -105,7 +105,29 @@ def speculative_figure(model_dir: str, new: int = 128, k: int = 4, draft_layers:
         for name in runs:
             if f"{kind}/{name}" in out:
                 out[f"{kind}/{name}"]["speedup"] = out[f"{kind}/{name}"]["decode_tok_s"] / base
+    out.update(demo_prompt_lookup(k))
     return out
+
+
+def demo_prompt_lookup(k: int, new: int = 128) -> dict:
+    """Prompt lookup on the trained demo model (build/models/demo, if built) with an English passage
+    repeated three times. Neither this 5M model nor the random one copies the passage: the random model
+    repeats one token, the demo model loops on its own phrases; drafts predict that self-repetition."""
+    demo = os.path.join(ROOT, "build", "models", "demo")
+    if not os.path.isfile(os.path.join(demo, "tokenizer.json")):
+        return {}
+    from transformers import AutoTokenizer
+
+    text = ("The lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, and watched "
+            "the ships pass safely along the rocky coast until the morning sun rose over the quiet harbour. ")
+    prompt = AutoTokenizer.from_pretrained(demo)(text * 3 + "The lighthouse keeper").input_ids
+    base = decode_rate(LLMEngine(demo, EngineConfig(max_kv_tokens=4096)), prompt, new)
+    engine = LLMEngine(demo, EngineConfig(max_kv_tokens=4096, max_draft_len=k))
+    rate = decode_rate(engine, prompt, new)
+    s = engine.stats
+    return {"demo-model/off": {"decode_tok_s": base, "acceptance": 0.0, "speedup": 1.0},
+            "demo-model/prompt_lookup": {"decode_tok_s": rate, "speedup": rate / base,
+                                         "acceptance": s.accepted_draft_tokens / max(s.draft_tokens, 1)}}
 
 
 def budget_sweep(model_dir: str, budgets: list[int], n_long: int = 2, n_short: int = 8) -> list[dict]:

@@ -18,6 +18,13 @@ def test_propose_ngram_takes_most_recent_match():
     assert propose_ngram(toks, 0) == []
 
 
+def test_propose_ngram_copies_with_overlap():
+    """A match whose continuation runs into the end is copied on over the draft itself (period < k)."""
+    assert propose_ngram([5, 1, 1, 1], 4) == [1, 1, 1, 1]                 # a run of one token
+    assert propose_ngram([7, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]           # period 2
+    assert propose_ngram([1, 2, 3, 1, 2, 3], 7) == [1, 2, 3, 1, 2, 3, 1]  # period 3
+
+
 def test_verify_greedy_accepts_matching_prefix():
     logits = torch.full((4, 10), -1.0)
     for row, tok in enumerate([3, 4, 9, 6]):

@@ -1,7 +1,9 @@
 """Prompt-lookup (n-gram) speculative decoding, greedy and lossless.
 
 A draft is the continuation of the most recent earlier occurrence of the sequence's last n tokens
-(n from `ngram_max` down to `ngram_min`). The target model scores the last token plus the k draft tokens
+(n from `ngram_max` down to `ngram_min`), copied with overlap as in LZ77: when that continuation runs into
+the end of the sequence, the copy goes on over the tokens it has just drafted, so a repeating pattern of
+period p < k still yields k draft tokens (a run of one token, a repeated short phrase). The target model scores the last token plus the k draft tokens
 in one forward pass; the longest draft prefix that equals the target's own argmax is accepted, followed by
 the target's token at the first mismatch (or after the last draft). So the output is token for token the
 non-speculative greedy output, and each step yields 1..k+1 tokens.
@@ -27,7 +29,10 @@ def propose_ngram(tokens: list[int], k: int, ngram_max: int = 3, ngram_min: int 
         # most recent earlier occurrence whose continuation exists
         for start in range(n_tokens - n - 1, -1, -1):
             if tokens[start:start + n] == tail:
-                return tokens[start + n:start + n + k]
+                seq = list(tokens[start + n:])   # the continuation, then the draft itself (overlapping copy)
+                while len(seq) < k:
+                    seq.append(seq[len(seq) - (n_tokens - start - n)])
+                return seq[:k]
     return []
 
 
