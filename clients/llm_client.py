@@ -63,6 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     s.add_argument("--min-tokens", type=int)
     s.add_argument("--end-id", type=int, help="end-of-sequence token id (default: the tokenizer's)")
     s.add_argument("--return-log-probs", action="store_true", help="print the generated tokens' log probs")
+    s.add_argument("--lora-task-id", type=int, help="a LoRA adapter of tensorrt_llm (deployment.yaml lora_adapters)")
     c = p.add_argument_group("chat")
     c.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template client-side")
     c.add_argument("--system", help="system message (with --chat)")
@@ -78,7 +79,7 @@ def params_from(args: argparse.Namespace) -> GenerationParams:
         seed=args.seed, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, min_tokens=args.min_tokens, end_id=args.end_id,
         return_log_probs=True if args.return_log_probs else None,
-        stop_words=list(args.stop), bad_words=list(args.bad_word))
+        stop_words=list(args.stop), bad_words=list(args.bad_word), lora_task_id=args.lora_task_id)
 
 
 def main(argv=None) -> int:
