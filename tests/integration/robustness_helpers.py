@@ -22,6 +22,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tritonllm.serving.watchdog import descendants
+
 ROOT = Path(__file__).resolve().parents[2]
 GRPC_DTYPES = {np.dtype(object): "BYTES", np.dtype(np.int32): "INT32", np.dtype(np.bool_): "BOOL",
                np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.uint64): "UINT64",
@@ -124,26 +126,6 @@ def wait_idle(metrics_url: str, timeout: float = 30.0) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- what the server owns
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc/*/stat parent links)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
 
 def cmdline(pid: int) -> str:
     try:
