@@ -42,7 +42,7 @@ def _run(engine, prompts, ids, arrive_every=1, **kw):
     return [results[str(i)] for i in range(len(prompts))]
 
 
-def test_adapters_change_the_output_and_match_merged_hf(setup):
+def test_each_adapter_changes_hf_greedy_output(setup):
     base, adapters, merged = setup
     prompt = random_prompts(1, 211, 12, 12, seed=5)[0]
     outs = {tid: hf_greedy(path, prompt, NEW) for tid, path in merged.items()}
