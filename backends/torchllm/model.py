@@ -24,7 +24,7 @@ from tritonllm.engine.request import InvalidRequest, QueueFull
 from tritonllm.engine.runner import EngineRunner
 from tritonllm.llm_io import DRAFT_MODEL_MODES, engine_config_from_parameters, parse_request, response_arrays
 from tritonllm.metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics
-from tritonllm.paths import model_parameters, model_path_param
+from tritonllm.paths import model_parameters, model_path_param, model_path_value
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -83,7 +83,7 @@ class TritonPythonModel:
         if tokenizer_dir and not tokenizer_dir.startswith("${"):
             engine_config.tokenizer_dir = str(model_path_param(args, params, "tokenizer_dir", must_exist=False))
         engine_config.lora_adapters = {  # "1=../../build/models/demo-lora/x, 2=..." confined like every path
-            tid: str(model_path_param(args, {f"lora_adapters[{tid}]": p}, f"lora_adapters[{tid}]"))
+            tid: str(model_path_value(args, p, f"lora_adapters[{tid}]"))
             for tid, p in parse_adapter_list(params.get("lora_adapters", "")).items()}
         if params.get("speculative_decoding_mode") in DRAFT_MODEL_MODES:
             engine_config.draft_model_path = str(model_path_param(args, params, "draft_model_path"))

@@ -70,6 +70,10 @@ def model_parameters(args: dict) -> tuple[dict, dict[str, str]]:
 
 def model_path_param(args: dict, params: dict[str, str], name: str, *, must_exist: bool = True) -> Path:
     """A path parameter of the model, resolved against its directory and confined to the checkout."""
+    return model_path_value(args, params.get(name, ""), name, must_exist=must_exist)
+
+
+def model_path_value(args: dict, value: str, name: str, *, must_exist: bool = True) -> Path:
+    """A path value from the model's config (``name`` for errors), resolved and confined as above."""
     model_dir = model_dir_from_args(args)
-    return resolve_param_path(params.get(name, ""), model_dir, name=name, confine=project_root(model_dir),
-                              must_exist=must_exist)
+    return resolve_param_path(value, model_dir, name=name, confine=project_root(model_dir), must_exist=must_exist)

@@ -168,12 +168,10 @@ class LLMEngine:
         self.stats.prompt_tokens += len(req.prompt_ids)
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        req = self.requests.pop(request_id, None)
+        req = self.requests.get(request_id)
         if req is None:
             return None
-        self.scheduler.remove(req)
-        if self.drafter is not None:
-            self.drafter.release(request_id)
+        self._drop(req)
         return RequestOutput(request_id, [], [], True, "abort", req.num_prompt, req.num_emitted,
                              req.cum_logprob)
 
@@ -324,6 +322,13 @@ class LLMEngine:
                 segments.append((self.lora.adapters[task_id], rows))
         return segments
 
+    def _drop(self, req: Request) -> None:
+        """A request leaves the engine (finished or aborted): its KV blocks and drafter blocks are freed."""
+        self.requests.pop(req.request_id, None)
+        self.scheduler.remove(req)
+        if self.drafter is not None:
+            self.drafter.release(req.request_id)
+
     def _end_ids(self, req: Request) -> frozenset[int]:
         e = req.params.end_id
         if e is None:
@@ -358,10 +363,7 @@ class LLMEngine:
         req.cum_logprob += sum(new_lp)
         if reason is not None:
             req.finish_reason = reason
-            self.requests.pop(req.request_id, None)
-            self.scheduler.remove(req)
-            if self.drafter is not None:
-                self.drafter.release(req.request_id)
+            self._drop(req)
         return RequestOutput(req.request_id, new, new_lp, reason is not None, reason, req.num_prompt,
                              req.num_emitted, req.cum_logprob)
 
