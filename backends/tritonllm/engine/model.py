@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .fp8 import FP8Weight, linear, load, store, wants_scaled_mm
+from .cpu_gemm import make_linear
+from .fp8 import FP8Weight, load, store, wants_scaled_mm
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet
 
@@ -72,12 +73,14 @@ class Transformer:
     """Weights + forward. Not an nn.Module: inference only, no autograd, no hooks."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype, fp8_weights: bool = False, fp8_matmul: str = "auto") -> None:
+                 dtype: torch.dtype, fp8_weights: bool = False, fp8_matmul: str = "auto",
+                 cpu_linear: str = "auto") -> None:
         self.spec = spec
         self.kv_scale = 1.0
         self.device = device
         self.dtype = dtype
-        w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        w = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in weights.items()}
+        self.linear = make_linear(cpu_linear, device, dtype)
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
         self.lm_head = self.embed if spec.tie_word_embeddings else w.get("lm_head.weight", self.embed)
@@ -105,7 +108,7 @@ class Transformer:
                 kv_k: list[torch.Tensor], kv_v: list[torch.Tensor],
                 logits_rows: torch.Tensor) -> torch.Tensor:
         """Runs the new tokens, writes their K/V into the cache, returns fp32 logits of `logits_rows`."""
-        spec = self.spec
+        spec, linear = self.spec, self.linear
         h = F.embedding(input_ids, self.embed)
         cos, sin = self.rope(positions)
         cos, sin = cos[:, None, :], sin[:, None, :]
