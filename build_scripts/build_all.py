@@ -1,7 +1,7 @@
 """Build everything the repository serves, in order, with progress; quick when nothing changed.
 
 Steps (each one is cached by its own script, so a second run only checks stamps):
-  0. the AVX2 GEMM kernel of the CPU engine  python -m tritonllm.engine.cpu_gemm (torch's extension cache)
+  0. the native CPU kernels of the engine   python -m tritonllm.engine.cpu_kernels (torch's extension cache)
   1. the demo LLM checkpoint  build_scripts/build_demo_model.py --out build/models/demo
      (skipped when deployment.yaml points the LLM at another checkpoint), then its LoRA adapter
      build_scripts/build_demo_lora.py (when tensorrt_llm's lora_adapters name build/models/demo-lora/python)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-classical", action="store_true", help="do not build the classical models")
     args = parser.parse_args(argv)
 
-    steps: list[tuple[str, list[str]]] = [("CPU GEMM kernel", ["-m", "tritonllm.engine.cpu_gemm"])]
+    steps: list[tuple[str, list[str]]] = [("native CPU kernels", ["-m", "tritonllm.engine.cpu_kernels"])]
     if not args.skip_demo and _uses_demo_model():
         steps.append(("demo LLM", ["build_scripts/build_demo_model.py", "--out", str(DEMO_DIR)]))
         if _uses_demo_lora():

@@ -204,7 +204,7 @@ def engine_config_from_parameters(p: dict[str, str]):
         ngram_max=get("prompt_lookup_ngram", int, 3),
         quantization=get("quantization", str, "none"),
         fp8_matmul=get("fp8_matmul", str, "auto"),
-        cpu_linear=get("cpu_linear", str, "auto"),
+        cpu_kernels=get("cpu_kernels", str, "auto"),
         kv_cache_dtype=get("kv_cache_dtype", str, "auto"),
         max_input_len=get("max_input_len", int),
         max_seq_len=get("max_seq_len", int),

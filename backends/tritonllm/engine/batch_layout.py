@@ -47,4 +47,6 @@ def attention_meta(spans: list[tuple[list[int], int, int]], block_size: int, dev
         meta.decode_rows = torch.tensor(decode_rows, device=device)
         meta.decode_gather = gather.to(device)
         meta.decode_mask = mask[:, None, None, :].to(device)
+        meta.decode_lo = ((lens - window).clamp(min=0) if window else torch.zeros_like(lens)).to(device)
+        meta.decode_hi = lens.to(device)
     return meta

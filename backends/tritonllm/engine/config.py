@@ -33,7 +33,7 @@ class EngineConfig:
     quantization: str = "none"           # none | fp8 (weights: float8_e4m3fn, per-channel scales)
     fp8_matmul: str = "auto"             # auto (scaled FP8 on SM >= 8.9, else dequant) | scaled | dequant
     kv_cache_dtype: str = "auto"         # auto (= compute dtype) | fp8
-    cpu_linear: str = "auto"             # auto (AVX2 kernel for few-row fp32 CPU matmuls) | avx2 | onednn
+    cpu_kernels: str = "auto"            # auto (native AVX2 kernels for fp32 on CPU) | native | torch
     lora_adapters: dict[int, str] = field(default_factory=dict)  # lora_task_id -> PEFT adapter folder
 
     def __post_init__(self) -> None:
@@ -49,7 +49,7 @@ class EngineConfig:
             raise ValueError(f"quantization must be none or fp8, got {self.quantization!r}")
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
-        if self.cpu_linear not in ("auto", "avx2", "onednn"):
-            raise ValueError(f"cpu_linear must be auto, avx2 or onednn, got {self.cpu_linear!r}")
+        if self.cpu_kernels not in ("auto", "native", "torch"):
+            raise ValueError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
         if not 0.0 < self.kv_mem_fraction <= 1.0:
             raise ValueError("kv_cache_free_gpu_mem_fraction must be in (0, 1]")

@@ -57,7 +57,7 @@ class LLMEngine:
         self.model = model or load_model(model_dir, self.config.device, self.config.dtype,
                                          fp8_weights=self.config.quantization == "fp8",
                                          fp8_matmul=self.config.fp8_matmul,
-                                         cpu_linear=self.config.cpu_linear)
+                                         cpu_kernels=self.config.cpu_kernels)
         spec = self.model.spec
         self.spec = spec
         self.lora = LoraSet.load(self.config.lora_adapters, spec, self.model.device, self.model.dtype)
@@ -83,7 +83,7 @@ class LLMEngine:
             from .draft_model import DraftModel
 
             draft = load_model(self.config.draft_model_path, self.config.device, self.config.dtype,
-                               cpu_linear=self.config.cpu_linear)
+                               cpu_kernels=self.config.cpu_kernels)
             extra = self.config.max_num_seqs * -(-self.config.max_draft_len // bs)  # lookahead slots
             self.drafter = DraftModel(draft, spec.vocab_size, num_blocks + extra, bs)
         self.requests: dict[str, Request] = {}

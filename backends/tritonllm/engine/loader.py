@@ -66,7 +66,7 @@ def load_weights(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
-               fp8_weights: bool = False, fp8_matmul: str = "auto", cpu_linear: str = "auto") -> Transformer:
+               fp8_weights: bool = False, fp8_matmul: str = "auto", cpu_kernels: str = "auto") -> Transformer:
     spec = load_spec(model_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, spec, dev)
@@ -76,7 +76,7 @@ def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
         raise ValueError(f"{model_dir}: safetensors lack {missing}")
     try:
         model = Transformer(spec, weights, dev, dt, fp8_weights=fp8_weights, fp8_matmul=fp8_matmul,
-                            cpu_linear=cpu_linear)
+                            cpu_kernels=cpu_kernels)
     except KeyError as e:
         raise ValueError(f"{model_dir}: missing weight {e.args[0]}") from e
     scales = [float(weights[k]) for k in weights if k.endswith(("self_attn.k_scale", "self_attn.v_scale"))]

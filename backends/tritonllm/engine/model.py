@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .cpu_gemm import make_linear
+from . import cpu_kernels as native_kernels
 from .fp8 import FP8Weight, load, store, wants_scaled_mm
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet
@@ -33,9 +33,13 @@ class AttentionMeta:
     decode_mask: torch.Tensor | None           # [Bd, 1, 1, Kmax] True where a key is visible
     prefills: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (start, q_len, gather [K], mask [q, K])
     lora: list = field(default_factory=list)   # (LoraAdapter, token rows or None for all) per adapter
+    decode_lo: torch.Tensor | None = None      # [Bd] first visible key (sliding window), as in decode_mask
+    decode_hi: torch.Tensor | None = None      # [Bd] one past the last visible key
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)   # one fused op; same result as HF's in fp32
     dtype = x.dtype
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -74,13 +78,14 @@ class Transformer:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device,
                  dtype: torch.dtype, fp8_weights: bool = False, fp8_matmul: str = "auto",
-                 cpu_linear: str = "auto") -> None:
+                 cpu_kernels: str = "auto") -> None:
         self.spec = spec
         self.kv_scale = 1.0
         self.device = device
         self.dtype = dtype
         w = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in weights.items()}
-        self.linear = make_linear(cpu_linear, device, dtype)
+        self.native = native_kernels.select(cpu_kernels, device, dtype)
+        self.linear = native_kernels.make_linear(self.native)
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
         self.lm_head = self.embed if spec.tie_word_embeddings else w.get("lm_head.weight", self.embed)
@@ -110,8 +115,8 @@ class Transformer:
         """Runs the new tokens, writes their K/V into the cache, returns fp32 logits of `logits_rows`."""
         spec, linear = self.spec, self.linear
         h = F.embedding(input_ids, self.embed)
-        cos, sin = self.rope(positions)
-        cos, sin = cos[:, None, :], sin[:, None, :]
+        cos2, sin2 = self.rope(positions)
+        cos, sin = cos2[:, None, :], sin2[:, None, :]
         T = input_ids.shape[0]
         for li, layer in enumerate(self.layers):
             x = rms_norm(h, layer.ln1, spec.rms_norm_eps)
@@ -124,12 +129,14 @@ class Transformer:
             if layer.q_norm is not None:
                 q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
                 k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            store(kv_k[li], meta.slot_mapping, k, self.kv_scale)
-            store(kv_v[li], meta.slot_mapping, v, self.kv_scale)
-            attn = self._attention(q, kv_k[li], kv_v[li], meta)
-            attn = attn.reshape(T, self.q_size)
+            if self.native is not None and kv_k[li].dtype == torch.float32:
+                attn = self._native_attention(qkv, layer, q, k, cos2, sin2, kv_k[li], kv_v[li], meta)
+            else:
+                q = q * cos + rotate_half(q) * sin
+                k = k * cos + rotate_half(k) * sin
+                store(kv_k[li], meta.slot_mapping, k, self.kv_scale)
+                store(kv_v[li], meta.slot_mapping, v, self.kv_scale)
+                attn = self._attention(q, kv_k[li], kv_v[li], meta).reshape(T, self.q_size)
             o = linear(attn, layer.o, layer.o_b)
             if meta.lora:
                 LoraSet.apply(o, attn, meta.lora, li, "o")
@@ -147,6 +154,25 @@ class Transformer:
         h = rms_norm(h.index_select(0, logits_rows), self.norm, spec.rms_norm_eps)
         return linear(h, self.lm_head).float()
 
+    def _native_attention(self, qkv: torch.Tensor, layer: Layer, q: torch.Tensor, k: torch.Tensor,
+                          cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          meta: AttentionMeta) -> torch.Tensor:
+        """fp32 CPU: RoPE in place in qkv, K/V into the cache, decodes attended on the paged cache."""
+        spec, T = self.spec, qkv.shape[0]
+        if layer.q_norm is not None:  # Qwen3: normalised heads go back into qkv, where the kernels read them
+            qkv[:, :self.q_size].view_as(q).copy_(q)
+            qkv[:, self.q_size:self.q_size + self.kv_size].view_as(k).copy_(k)
+        self.native.rope_store(qkv, cos, sin, meta.slot_mapping, k_cache, v_cache, spec.num_heads,
+                               spec.num_kv_heads)
+        out = torch.empty(T, self.q_size, dtype=qkv.dtype)
+        if meta.decode_rows is not None:
+            self.native.decode_attention(qkv, k_cache, v_cache, meta.decode_rows, meta.decode_gather,
+                                         meta.decode_lo, meta.decode_hi, self.scale, spec.num_heads, out)
+        if meta.prefills:
+            q = qkv[:, :self.q_size].view(T, spec.num_heads, spec.head_dim)
+            self._prefill_attention(q, k_cache, v_cache, meta, out.view(T, spec.num_heads, spec.head_dim))
+        return out
+
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    meta: AttentionMeta) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -160,6 +186,11 @@ class Transformer:
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
                                                 scale=self.scale, enable_gqa=True)
             out.index_copy_(0, meta.decode_rows, od.squeeze(2))
+        self._prefill_attention(q, k_cache, v_cache, meta, out)
+        return out
+
+    def _prefill_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           meta: AttentionMeta, out: torch.Tensor) -> None:
         for start, n, gather, mask in meta.prefills:
             qp = q[start:start + n].transpose(0, 1).unsqueeze(0)           # [1, H, n, D]
             kp = load(k_cache, gather, q.dtype, self.kv_scale).transpose(0, 1).unsqueeze(0)  # [1,KVH,K,D]
@@ -167,4 +198,3 @@ class Transformer:
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale,
                                                 enable_gqa=True)
             out[start:start + n] = op.squeeze(0).transpose(0, 1)
-        return out

@@ -93,7 +93,10 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
 
 }  // namespace
 
+void register_attention(pybind11::module& m);  // attention_cpu.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_attention(m);
   m.def("linear", &linear, "y = x W^T (+ b), fp32, AVX2 + FMA", pybind11::arg("x"), pybind11::arg("w"),
         pybind11::arg("b") = pybind11::none());
 }

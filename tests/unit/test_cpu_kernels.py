@@ -3,10 +3,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_gemm
+from tritonllm.engine import cpu_kernels
 from tritonllm.engine.fp8 import linear as onednn_linear
 
-ext = cpu_gemm.load()
+ext = cpu_kernels.load()
 needs_kernel = pytest.mark.skipif(ext is None, reason="AVX2 kernel not available on this machine")
 
 
@@ -36,10 +36,10 @@ def test_kernel_refuses_what_it_cannot_compute():
 
 @needs_kernel
 def test_dispatch_uses_kernel_for_few_rows_and_onednn_beyond():
-    lin = cpu_gemm.make_linear("auto", torch.device("cpu"), torch.float32)
+    lin = cpu_kernels.make_linear(ext)
     assert lin is not onednn_linear
     w = torch.randn(64, 32)
-    for m in (1, cpu_gemm.MAX_ROWS, cpu_gemm.MAX_ROWS + 1, 300):
+    for m in (1, cpu_kernels.MAX_ROWS, cpu_kernels.MAX_ROWS + 1, 300):
         x = torch.randn(m, 32)
         torch.testing.assert_close(lin(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
     xt = torch.randn(32, 4).T                       # non-contiguous activations are copied, not refused
@@ -48,9 +48,9 @@ def test_dispatch_uses_kernel_for_few_rows_and_onednn_beyond():
 
 def test_modes():
     cpu = torch.device("cpu")
-    assert cpu_gemm.make_linear("onednn", cpu, torch.float32) is onednn_linear
-    assert cpu_gemm.make_linear("auto", cpu, torch.bfloat16) is onednn_linear   # fp32 kernel only
-    with pytest.raises(ValueError, match="cpu_linear must be one of"):
-        cpu_gemm.make_linear("fast", cpu, torch.float32)
+    assert cpu_kernels.select("torch", cpu, torch.float32) is None
+    assert cpu_kernels.select("auto", cpu, torch.bfloat16) is None   # fp32 kernel only
+    with pytest.raises(ValueError, match="cpu_kernels must be one of"):
+        cpu_kernels.select("fast", cpu, torch.float32)
     with pytest.raises(ValueError, match="needs float32"):
-        cpu_gemm.make_linear("avx2", cpu, torch.bfloat16)
+        cpu_kernels.select("native", cpu, torch.bfloat16)
