@@ -68,6 +68,7 @@ ALLOWED_VALUES = {
     "batch_scheduler_policy": {"max_utilization", "guaranteed_no_evict"},
     "engine_device": {"auto", "cpu", "cuda"},
     "engine_dtype": {"auto", "float32", "bfloat16"},
+    "cpu_kernels": {"auto", "native", "torch"},
     "speculative_decoding_mode": {"none", "prompt_lookup", "draft_model", "draft_tokens_external"},
 }
 POSITIVE_INTS = ("max_tokens_in_paged_kv_cache", "tokens_per_block", "max_num_tokens", "max_num_sequences",

@@ -1,10 +1,17 @@
-"""The AVX2 few-row GEMM kernel against torch's matmul: every tile shape, tails, bias, dispatch."""
+"""Native CPU kernels against torch: GEMM tiles and tails, RoPE + cache write, paged decode attention,
+and greedy parity with HF through both engine paths."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tritonllm.engine import cpu_kernels
+from tritonllm.engine.config import EngineConfig
+from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.fp8 import linear as onednn_linear
+from tritonllm.engine.model import rotate_half
+from tritonllm.engine.request import SamplingParams
+
+from engine_helpers import hf_greedy, make_checkpoint, random_prompts, run_staggered
 
 ext = cpu_kernels.load()
 needs_kernel = pytest.mark.skipif(ext is None, reason="AVX2 kernel not available on this machine")
@@ -54,3 +61,82 @@ def test_modes():
         cpu_kernels.select("fast", cpu, torch.float32)
     with pytest.raises(ValueError, match="needs float32"):
         cpu_kernels.select("native", cpu, torch.bfloat16)
+
+
+@needs_kernel
+def test_rope_store_is_bitwise_torch_rope_and_writes_the_cache():
+    T, H, KVH, D, S = 5, 6, 2, 16, 40
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g)
+    cos, sin = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    slots = torch.tensor([3, 17, 0, 39, 8])
+    kc, vc = torch.zeros(S, KVH, D), torch.zeros(S, KVH, D)
+    q, k, v = qkv.view(T, H + 2 * KVH, D).split([H, KVH, KVH], dim=1)
+    c, s = cos[:, None], sin[:, None]
+    want_q, want_k, want_v = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v.clone()
+    ext.rope_store(qkv, cos, sin, slots, kc, vc, H, KVH)
+    assert torch.equal(qkv.view(T, -1, D)[:, :H], want_q)
+    assert torch.equal(kc[slots], want_k) and torch.equal(vc[slots], want_v)
+    untouched = torch.ones(S, dtype=torch.bool)
+    untouched[slots] = False
+    assert not kc[untouched].any() and not vc[untouched].any()
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        ext.rope_store(qkv, cos, sin, torch.tensor([0, 1, 2, 3, S]), kc, vc, H, KVH)
+
+
+@needs_kernel
+def test_decode_attention_matches_sdpa_over_key_ranges_with_gqa():
+    H, KVH, D, S, L = 6, 2, 16, 64, 12
+    g = torch.Generator().manual_seed(2)
+    kc, vc = torch.randn(S, KVH, D, generator=g), torch.randn(S, KVH, D, generator=g)
+    qkv = torch.randn(4, (H + 2 * KVH) * D, generator=g)
+    rows = torch.tensor([3, 0, 2])
+    slots = torch.randint(0, S, (3, L), generator=g)
+    lo, hi = torch.tensor([0, 4, 11]), torch.tensor([12, 9, 12])
+    out = torch.full((4, H * D), float("nan"))
+    ext.decode_attention(qkv, kc, vc, rows, slots, lo, hi, D ** -0.5, H, out)
+    for i, r in enumerate(rows.tolist()):
+        s = slots[i, lo[i]:hi[i]]
+        q = qkv[r, :H * D].view(1, H, 1, D)
+        k, v = kc[s].transpose(0, 1)[None], vc[s].transpose(0, 1)[None]      # [1, KVH, n, D]
+        want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).view(H * D)
+        torch.testing.assert_close(out[r], want, rtol=1e-5, atol=1e-5)
+    assert out[1].isnan().all()                                              # rows not decoded: untouched
+    with pytest.raises(RuntimeError, match="bad key range"):
+        ext.decode_attention(qkv, kc, vc, rows, slots, lo, torch.tensor([12, 4, 12]), 1.0, H, out)
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {}), ("qwen3", {}),
+                                            ("mistral", {"sliding_window": 8})])
+def test_native_and_torch_paths_both_equal_hf_greedy(tmp_path, arch, overrides):
+    """Sliding window 8 < prompt lengths, so windowed decode ranges are exercised (Mistral)."""
+    ckpt = make_checkpoint(tmp_path, arch, **overrides)
+    prompts = random_prompts(5, 211, 10, 30)
+    want = [hf_greedy(ckpt, p, 10) for p in prompts]
+    for mode in ("native", "torch"):
+        engine = LLMEngine(ckpt, EngineConfig(block_size=4, max_kv_tokens=1024, max_num_tokens=32,
+                                              cpu_kernels=mode))
+        assert (engine.model.native is not None) == (mode == "native")
+        results, _ = run_staggered(engine, prompts, lambda i: SamplingParams(max_tokens=10, end_id=-1), 1)
+        assert [results[str(i)] for i in range(len(prompts))] == want, mode
+
+
+@needs_kernel
+@pytest.mark.parametrize("t,d", [(1, 768), (5, 20), (17, 64)])
+def test_norms_and_silu_gate_match_torch(t, d):
+    g = torch.Generator().manual_seed(t * d)
+    x, delta, w = torch.randn(t, d, generator=g), torch.randn(t, d, generator=g), torch.randn(d, generator=g)
+    want = F.rms_norm(x, (d,), w, 1e-6)
+    torch.testing.assert_close(ext.rms_norm(x, w, 1e-6), want, rtol=2e-6, atol=2e-6)
+    h = x.clone()
+    torch.testing.assert_close(ext.add_rms_norm(h, delta, w, 1e-5), F.rms_norm(x + delta, (d,), w, 1e-5),
+                               rtol=2e-6, atol=2e-6)
+    assert torch.equal(h, x + delta)                                  # the residual is updated in place
+    gu = torch.cat([torch.linspace(-100, 100, t * d).view(t, d), 3 * torch.randn(t, d, generator=g)], 1)
+    want = F.silu(gu[:, :d]) * gu[:, d:]
+    torch.testing.assert_close(ext.silu_mul(gu), want, rtol=3e-7, atol=1e-6)
+    with pytest.raises(RuntimeError, match="weight"):
+        ext.rms_norm(x, torch.randn(d + 1), 1e-6)
+    with pytest.raises(RuntimeError, match="residual"):
+        ext.add_rms_norm(h, delta[:, 1:].contiguous(), w, 1e-6)

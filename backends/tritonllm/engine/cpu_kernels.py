@@ -3,7 +3,7 @@
 - ``linear``: few-row matmuls (decoding multiplies 1..max_num_seqs rows by every weight). There oneDNN and
   MKL stream weights at 60-75% of the memory bandwidth (M = 1) and leave most FMA units idle (M = 2..96);
   the kernel was measured 1.35x (M = 1) to 1.5-2.8x (M = 2..16) faster than oneDNN on the model of
-  `make bench` (benchmarks/bench_cpu_gemm.py). Above MAX_ROWS rows (prefill) oneDNN is faster and is used.
+  `make bench` (benchmarks/bench_cpu_kernels.py). Above MAX_ROWS rows (prefill) oneDNN is faster and is used.
 - ``rope_store`` and ``decode_attention``: RoPE in place plus the KV-cache write, and one-token attention
   read straight from the paged cache, replacing ~25 small torch ops per layer (gathers, masks, SDPA).
 
@@ -30,8 +30,9 @@ from .fp8 import linear as torch_linear
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "native", "torch")
-MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_gemm: 0.9x at M = 128)
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp")]
+MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_kernels: 0.9x at M = 128)
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
 
 
@@ -60,7 +61,7 @@ def load():
 
 
 def _build_dir() -> Path:
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES))
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(CSRC.glob("*.[ch]*"))))
     key.update(" ".join(CFLAGS).encode() + torch.__version__.encode())
     base = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
     path = Path(base) / f"tritonllm_cpu_kernels-{key.hexdigest()[:16]}"

@@ -119,19 +119,14 @@ class Transformer:
         cos, sin = cos2[:, None, :], sin2[:, None, :]
         T = input_ids.shape[0]
         for li, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.ln1, spec.rms_norm_eps)
+            x = self._norm(h, layer.ln1)
             qkv = linear(x, layer.qkv, layer.qkv_b)
             if meta.lora:
                 LoraSet.apply(qkv, x, meta.lora, li, "qkv")
-            q = qkv[:, :self.q_size].view(T, spec.num_heads, spec.head_dim)
-            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, spec.num_kv_heads, spec.head_dim)
-            v = qkv[:, self.q_size + self.kv_size:].view(T, spec.num_kv_heads, spec.head_dim)
-            if layer.q_norm is not None:
-                q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
-                k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
             if self.native is not None and kv_k[li].dtype == torch.float32:
-                attn = self._native_attention(qkv, layer, q, k, cos2, sin2, kv_k[li], kv_v[li], meta)
+                attn = self._native_attention(qkv, layer, cos2, sin2, kv_k[li], kv_v[li], meta)
             else:
+                q, k, v = self._split_heads(qkv, layer)
                 q = q * cos + rotate_half(q) * sin
                 k = k * cos + rotate_half(k) * sin
                 store(kv_k[li], meta.slot_mapping, k, self.kv_scale)
@@ -140,26 +135,54 @@ class Transformer:
             o = linear(attn, layer.o, layer.o_b)
             if meta.lora:
                 LoraSet.apply(o, attn, meta.lora, li, "o")
-            h = h + o
-            x = rms_norm(h, layer.ln2, spec.rms_norm_eps)
+            x = self._add_norm(h, o, layer.ln2)
             gu = linear(x, layer.gate_up, layer.gate_up_b)
             if meta.lora:
                 LoraSet.apply(gu, x, meta.lora, li, "gate_up")
-            inter = gu.shape[-1] // 2
-            act = F.silu(gu[:, :inter]) * gu[:, inter:]
+            act = self._silu_mul(gu)
             down = linear(act, layer.down, layer.down_b)
             if meta.lora:
                 LoraSet.apply(down, act, meta.lora, li, "down")
-            h = h + down
-        h = rms_norm(h.index_select(0, logits_rows), self.norm, spec.rms_norm_eps)
+            h.add_(down)
+        h = self._norm(h.index_select(0, logits_rows), self.norm)
         return linear(h, self.lm_head).float()
 
-    def _native_attention(self, qkv: torch.Tensor, layer: Layer, q: torch.Tensor, k: torch.Tensor,
-                          cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          meta: AttentionMeta) -> torch.Tensor:
+    # One fused native call each on fp32 CPU (cpu_kernels), torch's ops elsewhere.
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native.rms_norm(x, w, self.spec.rms_norm_eps)
+        return rms_norm(x, w, self.spec.rms_norm_eps)
+
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """h += delta (in place: h is this forward's own residual stream); returns rms_norm(h)."""
+        if self.native is not None:
+            return self.native.add_rms_norm(h, delta, w, self.spec.rms_norm_eps)
+        h.add_(delta)
+        return rms_norm(h, w, self.spec.rms_norm_eps)
+
+    def _silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native.silu_mul(gu)
+        inter = gu.shape[-1] // 2
+        return F.silu(gu[:, :inter]) * gu[:, inter:]
+
+    def _split_heads(self, qkv: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v head views of the fused projection; q and k normalised per head where the model says."""
+        spec, T = self.spec, qkv.shape[0]
+        q = qkv[:, :self.q_size].view(T, spec.num_heads, spec.head_dim)
+        k = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, spec.num_kv_heads, spec.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].view(T, spec.num_kv_heads, spec.head_dim)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
+        return q, k, v
+
+    def _native_attention(self, qkv: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         """fp32 CPU: RoPE in place in qkv, K/V into the cache, decodes attended on the paged cache."""
         spec, T = self.spec, qkv.shape[0]
         if layer.q_norm is not None:  # Qwen3: normalised heads go back into qkv, where the kernels read them
+            q, k, _ = self._split_heads(qkv, layer)
             qkv[:, :self.q_size].view_as(q).copy_(q)
             qkv[:, self.q_size:self.q_size + self.kv_size].view_as(k).copy_(k)
         self.native.rope_store(qkv, cos, sin, meta.slot_mapping, k_cache, v_cache, spec.num_heads,

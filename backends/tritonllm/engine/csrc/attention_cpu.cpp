@@ -7,34 +7,78 @@
 // Layouts (see engine/kv_cache.py, engine/model.py): qkv [T, (H + 2 KVH) * D] is the fused projection
 // output, q heads first; caches are [slots, KVH, D]; q head h reads KV head h / (H / KVH) (HF repeat_kv).
 // Numerics: RoPE is the same multiply-multiply-add per element as HF's rotate-half form (built with
-// -ffp-contract=off so it stays bitwise equal); softmax is the plain max-subtracted form, so attention
-// outputs differ from SDPA's blocked online softmax by rounding only.
+// -ffp-contract=off so it stays bitwise equal); softmax is the plain max-subtracted form with a vectorised
+// exp (vec_avx2.h), so attention outputs differ from SDPA's blocked online softmax by rounding only.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "vec_avx2.h"
 #include <immintrin.h>
 #include <cmath>
 #include <vector>
 
 namespace {
 
+using tritonllm::exp8;
+using tritonllm::hsum;
+
 inline float dot(const float* a, const float* b, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  float r = _mm_cvtss_f32(s);
+  float r = hsum(acc);
   for (; i < n; ++i) r += a[i] * b[i];
   return r;
 }
 
-inline void axpy(float* y, float a, const float* x, int64_t n) {  // y += a x
-  const __m256 av = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
+// Cache rows of one KV head: row(t) = base + slots[t] * stride.
+struct Rows {
+  const float* base; const int64_t* slots; int64_t stride;
+  const float* operator()(int64_t t) const { return base + slots[t] * stride; }
+};
+
+// out[t] = q . k_t * scale, four keys at a time so that four FMA chains run side by side.
+void scores(const float* q, const Rows& k, int64_t n, int64_t D, float scale, float* out) {
+  int64_t t = 0;
+  if (D % 8 == 0) {
+    for (; t + 4 <= n; t += 4) {
+      const float *k0 = k(t), *k1 = k(t + 1), *k2 = k(t + 2), *k3 = k(t + 3);
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t j = 0; j < D; j += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + j);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), a3);
+      }
+      out[t] = hsum(a0) * scale; out[t + 1] = hsum(a1) * scale;
+      out[t + 2] = hsum(a2) * scale; out[t + 3] = hsum(a3) * scale;
+    }
+  }
+  for (; t < n; ++t) out[t] = dot(q, k(t), D) * scale;
+}
+
+// out[0:D] = scale * sum_t p[t] v_t, 32 output lanes in registers per pass over the keys.
+void weighted_sum(const float* p, const Rows& v, int64_t n, int64_t D, float scale, float* out) {
+  int64_t j = 0;
+  for (; j + 32 <= D; j += 32) {
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 pv = _mm256_set1_ps(p[t]);
+      const float* r = v(t) + j;
+      c0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r), c0);
+      c1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 8), c1);
+      c2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 16), c2);
+      c3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(r + 24), c3);
+    }
+    const __m256 sv = _mm256_set1_ps(scale);
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(c0, sv)); _mm256_storeu_ps(out + j + 8, _mm256_mul_ps(c1, sv));
+    _mm256_storeu_ps(out + j + 16, _mm256_mul_ps(c2, sv)); _mm256_storeu_ps(out + j + 24, _mm256_mul_ps(c3, sv));
+  }
+  for (; j < D; ++j) {
+    float c = 0.f;
+    for (int64_t t = 0; t < n; ++t) c += p[t] * v(t)[j];
+    out[j] = c * scale;
+  }
 }
 
 void check_f32(const torch::Tensor& t, const char* name) {
@@ -98,32 +142,25 @@ void decode_attention(const torch::Tensor& qkv, const torch::Tensor& kc, const t
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, B * KVH, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> p, acc(G * D);
+    std::vector<float> p(L);
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t i = task / KVH, g = task % KVH, n = hip[i] - lop[i];
       const int64_t* s = sl + i * L + lop[i];
-      const float* q = qp + rw[i] * qkv.stride(0) + g * G * D;
-      p.resize(G * n);
-      for (int64_t t = 0; t < n; ++t) {
-        const float* k = kp + (s[t] * KVH + g) * D;
-        for (int64_t h = 0; h < G; ++h) p[h * n + t] = dot(q + h * D, k, D) * sc;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::vector<float> sum(G, 0.f);
-      for (int64_t h = 0; h < G; ++h) {
-        float* ph = p.data() + h * n;
-        float m = ph[0];
-        for (int64_t t = 1; t < n; ++t) m = std::max(m, ph[t]);
-        for (int64_t t = 0; t < n; ++t) { ph[t] = std::exp(ph[t] - m); sum[h] += ph[t]; }
-      }
-      for (int64_t t = 0; t < n; ++t) {
-        const float* v = vp + (s[t] * KVH + g) * D;
-        for (int64_t h = 0; h < G; ++h) axpy(acc.data() + h * D, p[h * n + t], v, D);
-      }
-      for (int64_t h = 0; h < G; ++h) {
-        float* o = op + rw[i] * out.size(1) + (g * G + h) * D;
-        const float inv = 1.f / sum[h];
-        for (int64_t d = 0; d < D; ++d) o[d] = acc[h * D + d] * inv;
+      const Rows k{kp + g * D, s, KVH * D}, v{vp + g * D, s, KVH * D};
+      for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+        scores(qp + rw[i] * qkv.stride(0) + h * D, k, n, D, sc, p.data());
+        float m = p[0], sum = 0.f;
+        for (int64_t t = 1; t < n; ++t) m = std::max(m, p[t]);
+        int64_t t = 0;
+        __m256 sv = _mm256_setzero_ps();
+        for (; t + 8 <= n; t += 8) {
+          const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(&p[t]), _mm256_set1_ps(m)));
+          _mm256_storeu_ps(&p[t], e);
+          sv = _mm256_add_ps(sv, e);
+        }
+        sum = hsum(sv);
+        for (; t < n; ++t) { p[t] = std::exp(p[t] - m); sum += p[t]; }
+        weighted_sum(p.data(), v, n, D, 1.f / sum, op + rw[i] * out.size(1) + h * D);
       }
     }
   });

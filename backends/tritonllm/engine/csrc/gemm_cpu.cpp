@@ -1,7 +1,7 @@
 // y[M, N] = x[M, K] W[N, K]^T (+ b) in fp32 for the few-row matmuls of decoding (AVX2 + FMA).
 //
 // Why not MKL / oneDNN: on the AVX2 AMD EPYC this project is measured on, both stream W well below the
-// memory bandwidth at M = 1 and waste most of the FMA units at M = 2..96 (benchmarks/bench_cpu_gemm.py).
+// memory bandwidth at M = 1 and waste most of the FMA units at M = 2..96 (benchmarks/bench_cpu_kernels.py).
 // W is the row-major [out, in] weight as stored by the checkpoint, so no repacking is needed.
 //
 // Scheme: output rows are split across torch's intra-op threads (at::parallel_for). A tile keeps
@@ -11,16 +11,12 @@
 // relative of them.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "vec_avx2.h"
 #include <immintrin.h>
 
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using tritonllm::hsum;
 
 struct Args {
   const float* x; const float* w; const float* b; float* y; int64_t M, K, N;
@@ -84,7 +80,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
   auto y = torch::empty({x.size(0), w.size(0)}, x.options());
   Args a{x.data_ptr<float>(), w.data_ptr<float>(), has_b ? b->data_ptr<float>() : nullptr,
          y.data_ptr<float>(), x.size(0), x.size(1), w.size(0)};
-  // Tile shapes chosen by benchmarks/bench_cpu_gemm.py on the 2-core AVX2 EPYC (16 ymm registers).
+  // Tile shapes chosen by benchmarks/bench_cpu_kernels.py on the 2-core AVX2 EPYC (16 ymm registers).
   if (a.M == 1) run<16, 1, false>(a);        // bandwidth-bound: 16 concurrent weight streams
   else if (a.M <= 8) run<8, 2, true>(a);
   else run<3, 4, true>(a);                  // 12 accumulators + 3 weights + 1 activation
@@ -93,10 +89,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
 
 }  // namespace
 
-void register_attention(pybind11::module& m);  // attention_cpu.cpp
+void register_attention(pybind11::module& m);    // attention_cpu.cpp
+void register_elementwise(pybind11::module& m);  // elementwise_cpu.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_attention(m);
+  register_elementwise(m);
   m.def("linear", &linear, "y = x W^T (+ b), fp32, AVX2 + FMA", pybind11::arg("x"), pybind11::arg("w"),
         pybind11::arg("b") = pybind11::none());
 }
