@@ -73,6 +73,7 @@ bench: build
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/bench_engine.py --triton
 	$(PY) benchmarks/bench_features.py
+	$(PY) benchmarks/bench_cpu_kernels.py
 
 # Peers on the same workload (not in `make test`, not in CI: ~6 GB under build/peers and 15-25 minutes the first
 # time on 2 cores, mostly the llama.cpp compile): vLLM CPU and llama.cpp in their own virtualenvs, greedy ids

@@ -2,7 +2,8 @@
 
 Workload of benchmarks/bench_engine.py: the random 124.7M Llama, 16 prompts of 128 token ids, 128 greedy new
 tokens, EOS ignored, 2 threads, fp32. Reports batch-1 decode tok/s and batch-16 e2e tok/s (output tokens /
-wall time, prefill included). Each peer lives in its own virtualenv under build/peers (benchmarks/peers/
+wall time, prefill included). Ours and vLLM run with the same per-step token budget (--max-num-tokens,
+default 512 = deployment.yaml's). Each peer lives in its own virtualenv under build/peers (benchmarks/peers/
 setup_envs.py; first run ~6 GB and 15-25 minutes on 2 cores) and runs in a subprocess; ours and HF run in
 this process. Each figure is the best of --repeat runs; the 1-minute load average is recorded per engine.
 A peer's first greedy ids are checked against ours (fp32); one that disagrees is flagged in the table.
@@ -52,7 +53,7 @@ def best(args, measure) -> float:
 
 def measure_ours(model_dir: str, work: list[list[int]], args) -> dict:
     engine = LLMEngine(model_dir, EngineConfig(max_kv_tokens=args.batch * (args.prompt_len + args.new) + 256,
-                                               max_num_tokens=2048, max_num_seqs=args.batch, dtype="float32"))
+                                               max_num_tokens=args.max_num_tokens, max_num_seqs=args.batch, dtype="float32"))
     row = {"status": "ok", "ids": engine_greedy(engine, work[:args.check_prompts], args.check_n)}
     log("ours: batch-1 decode")
     row["b1_decode"] = best(args, lambda: decode_rate(lambda b, n: engine_run(engine, b, n), work[:1], args.new))
@@ -141,6 +142,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-num-tokens", type=int, default=512,
+                    help="per-step token budget of ours and vLLM (chunked prefill); 512 = deployment.yaml's")
     ap.add_argument("--check-n", type=int, default=12, help="leading greedy ids compared with ours")
     ap.add_argument("--check-prompts", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=2, help="each figure is the best of this many runs")
@@ -181,6 +184,7 @@ def main() -> None:
     if not args.skip_hf:
         rows["HF transformers"] = measured(measure_hf, model_dir, work, args)
     spec = {"prompts": work, "new": args.new, "threads": args.threads, "batches": [args.batch],
+            "max_num_tokens": args.max_num_tokens,
             "check_prompts": args.check_prompts, "check_n": args.check_n, "dtype": "float32",
             "repeat": args.repeat}
     if "vLLM CPU" in ready:

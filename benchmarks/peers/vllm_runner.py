@@ -20,7 +20,7 @@ def main() -> None:
 
     prompts, new = spec["prompts"], spec["new"]
     llm = LLM(model=spec["model"], dtype=spec.get("dtype", "float32"), max_model_len=len(prompts[0]) + new + 16,
-              max_num_seqs=max(spec["batches"]), max_num_batched_tokens=2048, enable_prefix_caching=False,
+              max_num_seqs=max(spec["batches"]), max_num_batched_tokens=spec.get("max_num_tokens", 2048), enable_prefix_caching=False,
               seed=0)
 
     def run(batch: list, n: int) -> tuple:

@@ -140,3 +140,19 @@ def test_norms_and_silu_gate_match_torch(t, d):
         ext.rms_norm(x, torch.randn(d + 1), 1e-6)
     with pytest.raises(RuntimeError, match="residual"):
         ext.add_rms_norm(h, delta[:, 1:].contiguous(), w, 1e-6)
+
+
+def test_build_dir_is_named_by_source_hash_and_drops_stale_locks(tmp_path, monkeypatch):
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    path = cpu_kernels._build_dir()
+    assert path.parent == tmp_path and path.name.startswith("tritonllm_cpu_kernels-")
+    fresh = path / "lock"
+    fresh.touch()
+    cpu_kernels._build_dir()
+    assert fresh.exists()                        # a build may be running: its lock stays
+    old = time.time() - cpu_kernels.STALE_LOCK_S - 1
+    os.utime(fresh, (old, old))
+    assert cpu_kernels._build_dir() == path and not fresh.exists()

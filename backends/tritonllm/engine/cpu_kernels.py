@@ -20,6 +20,7 @@ import logging
 import os
 import platform
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +31,7 @@ from .fp8 import linear as torch_linear
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "native", "torch")
+STALE_LOCK_S = 600  # a build takes ~60 s; a lock this old belongs to a killed build
 MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_kernels: 0.9x at M = 128)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp")]
@@ -66,6 +68,13 @@ def _build_dir() -> Path:
     base = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
     path = Path(base) / f"tritonllm_cpu_kernels-{key.hexdigest()[:16]}"
     path.mkdir(parents=True, exist_ok=True)
+    lock = path / "lock"  # torch's build baton; a build killed midway leaves it and every later load waits
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            log.warning("removing stale build lock %s", lock)
+            lock.unlink()
+    except FileNotFoundError:
+        pass
     return path
 
 
