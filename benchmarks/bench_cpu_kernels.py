@@ -48,7 +48,8 @@ def best(fn, repeat: int) -> float:
 
 def linear_sweep(rows: list[int], repeat: int) -> list[dict]:
     c = BENCH_CONFIG
-    h, inter, kv = c["hidden_size"], c["intermediate_size"], c["num_key_value_heads"] * h // c["num_attention_heads"]
+    h, inter = c["hidden_size"], c["intermediate_size"]
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
     shapes = [(h + 2 * kv, h), (h, h), (2 * inter, h), (h, inter)] * c["num_hidden_layers"] + [(c["vocab_size"], h)]
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, k, generator=g) for n, k in shapes]

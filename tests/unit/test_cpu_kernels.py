@@ -17,6 +17,12 @@ ext = cpu_kernels.load()
 needs_kernel = pytest.mark.skipif(ext is None, reason="AVX2 kernel not available on this machine")
 
 
+@pytest.mark.skipif(not cpu_kernels.cpu_supported(), reason="not an x86 CPU with AVX2")
+def test_kernels_build_where_the_cpu_supports_them():
+    """A missing compiler or ninja must fail here, not silently fall back to torch (and skip the rest)."""
+    assert ext is not None, "native CPU kernels failed to build: see the warning logged by cpu_kernels.load()"
+
+
 @needs_kernel
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 12, 15, 16, 33, 96])
 @pytest.mark.parametrize("n,k", [(48, 64), (37, 770), (19, 7), (1, 8)])
