@@ -8,8 +8,8 @@
   read straight from the paged cache, replacing ~25 small torch ops per layer (gathers, masks, SDPA).
 
 Built with torch.utils.cpp_extension (gcc + ninja) into a folder of torch's extension cache
-(TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) named by the hash of the sources and flags, so
-checkouts with different sources never rebuild each other's; `make build` compiles it once (~60 s) so
+(TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) named by the hash of the sources, flags, torch
+version and checkout path, so two checkouts never rebuild each other's; `make build` compiles it once (~60 s) so
 that model loads only find it. If it cannot be built, `auto` falls back to torch and says so in the log.
 """
 from __future__ import annotations
@@ -65,6 +65,7 @@ def load():
 def _build_dir() -> Path:
     key = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(CSRC.glob("*.[ch]*"))))
     key.update(" ".join(CFLAGS).encode() + torch.__version__.encode())
+    key.update(str(CSRC).encode())  # ninja rebuilds when source paths change: one folder per checkout
     base = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
     path = Path(base) / f"tritonllm_cpu_kernels-{key.hexdigest()[:16]}"
     path.mkdir(parents=True, exist_ok=True)
