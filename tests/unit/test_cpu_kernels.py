@@ -110,6 +110,8 @@ def test_decode_attention_matches_sdpa_over_key_ranges_with_gqa():
     assert out[1].isnan().all()                                              # rows not decoded: untouched
     with pytest.raises(RuntimeError, match="bad key range"):
         ext.decode_attention(qkv, kc, vc, rows, slots, lo, torch.tensor([12, 4, 12]), 1.0, H, out)
+    with pytest.raises(RuntimeError, match="shapes disagree"):
+        ext.decode_attention(qkv[:3], kc, vc, rows, slots, lo, hi, 1.0, H, out)
 
 
 @needs_kernel

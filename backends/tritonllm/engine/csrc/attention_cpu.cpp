@@ -92,8 +92,9 @@ void rope_store(torch::Tensor qkv, const torch::Tensor& cos, const torch::Tensor
   check_f32(cos, "cos"); check_f32(sin, "sin"); check_f32(kc, "k cache"); check_f32(vc, "v cache");
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [T, F] float32");
   const int64_t T = qkv.size(0), D = kc.size(2), half = D / 2, S = kc.size(0);
-  TORCH_CHECK(qkv.size(1) == (H + 2 * KVH) * D && kc.size(1) == KVH && cos.size(0) == T && cos.size(1) == D,
-              "rope_store: shapes of qkv, cos or cache disagree");
+  TORCH_CHECK(qkv.size(1) == (H + 2 * KVH) * D && kc.size(1) == KVH && cos.size(0) == T && cos.size(1) == D &&
+              sin.sizes() == cos.sizes() && vc.sizes() == kc.sizes(),
+              "rope_store: shapes of qkv, cos / sin or caches disagree");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == T && slots.is_contiguous(), "slots: [T] int64");
   float* base = qkv.data_ptr<float>();
   const int64_t* sl = slots.data_ptr<int64_t>();
@@ -129,7 +130,9 @@ void decode_attention(const torch::Tensor& qkv, const torch::Tensor& kc, const t
   for (auto* t : {&rows, &slots, &lo, &hi})
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "rows, slots, lo, hi: int64");
   const int64_t B = rows.numel(), L = slots.size(1), KVH = kc.size(1), D = kc.size(2), S = kc.size(0);
-  TORCH_CHECK(H % KVH == 0 && out.size(1) == H * D && slots.size(0) == B, "decode_attention: shapes");
+  TORCH_CHECK(H % KVH == 0 && out.dim() == 2 && out.size(1) == H * D && out.size(0) == qkv.size(0) &&
+              qkv.size(1) >= H * D && slots.dim() == 2 && slots.size(0) == B && lo.numel() == B &&
+              hi.numel() == B && vc.sizes() == kc.sizes(), "decode_attention: shapes disagree");
   const int64_t G = H / KVH;
   const int64_t *rw = rows.data_ptr<int64_t>(), *sl = slots.data_ptr<int64_t>();
   const int64_t *lop = lo.data_ptr<int64_t>(), *hip = hi.data_ptr<int64_t>();
