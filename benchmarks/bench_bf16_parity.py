@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "backends"))
 
 from tritonllm.engine.config import EngineConfig  # noqa: E402
 from tritonllm.engine.engine import LLMEngine  # noqa: E402
+from tritonllm.engine.hf_config import load_spec  # noqa: E402
 from tritonllm.engine.request import SamplingParams  # noqa: E402
 
 
@@ -61,7 +62,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new", type=int, default=32)
     args = ap.parse_args()
-    vocab = LLMEngine(args.model, EngineConfig(max_kv_tokens=64, device="cpu")).spec.vocab_size
+    vocab = load_spec(args.model).vocab_size
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(8, 48))] for _ in range(args.prompts)]
     print(f"{args.model}: {args.prompts} random prompts, {args.new} greedy tokens, EOS ignored")
