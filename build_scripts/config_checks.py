@@ -7,8 +7,9 @@
   ensemble output); source and destination agree on dtype and on dims (-1 matches anything);
 - every required input of a step is mapped; every ensemble input is consumed; every ensemble output is
   produced by exactly one step;
-- decoupled wherever streaming is used: a non-ensemble model with a ``stream``/``streaming`` input is
-  decoupled, and an ensemble with such an input has a decoupled step (Triton then streams through it);
+- streaming inputs are not checked against the transaction policy: as in NVIDIA's configs, a model
+  that is not decoupled (``decoupled_mode: false``) keeps its ``streaming`` input and refuses
+  ``streaming=true`` per request;
 - batch sizes: an ensemble's ``max_batch_size`` is > 0 only if every step's is, and never exceeds them;
 - no string anywhere still holds an unfilled ``${...}`` template placeholder;
 - tensor names are unique within each model's inputs and within its outputs.
@@ -19,9 +20,6 @@ from __future__ import annotations
 from typing import Mapping
 
 from tritonclient.grpc import model_config_pb2 as mc
-
-STREAM_INPUTS = ("stream", "streaming")
-
 
 def _dtype(t) -> str:
     return mc.DataType.Name(t.data_type)
@@ -55,14 +53,12 @@ def _check_ensemble(name: str, cfg: mc.ModelConfig, configs: Mapping[str, mc.Mod
     ens_outputs = {t.name: t for t in cfg.output}
     consumed: set[str] = set()
     produced: dict[str, str] = {}
-    any_decoupled = False
     for i, step in enumerate(cfg.ensemble_scheduling.step):
         where = f"{name} step {i} ({step.model_name})"
         target = configs.get(step.model_name)
         if target is None:
             errors.append(f"{where}: no model named '{step.model_name}'")
             continue
-        any_decoupled |= target.model_transaction_policy.decoupled
         if cfg.max_batch_size > 0 and target.max_batch_size == 0:
             errors.append(f"{where}: ensemble batches (max_batch_size {cfg.max_batch_size}) "
                           f"but the step model does not (max_batch_size 0)")
@@ -114,8 +110,6 @@ def _check_ensemble(name: str, cfg: mc.ModelConfig, configs: Mapping[str, mc.Mod
     for out_name in ens_outputs:
         if out_name not in produced:
             errors.append(f"{name}: ensemble output '{out_name}' is not produced by any step")
-    if any(t.name in STREAM_INPUTS for t in cfg.input) and not any_decoupled:
-        errors.append(f"{name}: has a stream input but no decoupled step, so it cannot stream")
 
 
 def check_pipeline(configs: Mapping[str, mc.ModelConfig]) -> list[str]:
@@ -127,6 +121,4 @@ def check_pipeline(configs: Mapping[str, mc.ModelConfig]) -> list[str]:
         _check_names(name, cfg, errors)
         if _is_ensemble(cfg):
             _check_ensemble(name, cfg, configs, errors)
-        elif any(t.name in STREAM_INPUTS for t in cfg.input) and not cfg.model_transaction_policy.decoupled:
-            errors.append(f"{name}: has a streaming input but is not decoupled")
     return errors

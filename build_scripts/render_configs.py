@@ -54,6 +54,7 @@ MODEL_DIRS = {
     C.MODERATED: "model_repository/moderated_llm",
 }
 UNBATCHED = (C.BLS, C.ROUTER, C.MODERATED)  # BLS models fan out to batched models: no batcher in front
+DECOUPLED_MODE_MODELS = C.DECOUPLED_MODE_MODELS
 # Parameters each model receives from the `llm:` section (besides its own `parameters:`).
 LLM_PARAMS = {
     C.PREPROCESSING: ("tokenizer_dir",),
@@ -77,9 +78,10 @@ POSITIVE_INTS = ("max_tokens_in_paged_kv_cache", "tokens_per_block", "max_num_to
 # A profile renders model name -> ModelConfig for the models it overrides; they are written to
 # <model dir>/configs/<profile>.pbtxt and served with `tritonserver --model-config-name <profile>`.
 # A profile is a module build_scripts/profiles/<profile>.py with
-#     def render(deployment: dict, settings: dict, repo: Path) -> dict[str, ModelConfig]
-# (settings = deployment["profiles"][<profile>]); adding one needs no change here.
-ProfileRenderer = Callable[[dict, dict, Path], dict[str, mc.ModelConfig]]
+#     def render(deployment: dict, settings: dict, repo: Path, defaults: dict) -> dict[str, ModelConfig]
+# (settings = deployment["profiles"][<profile>]; defaults = copies of the default configs by model name);
+# adding one needs no change here.
+ProfileRenderer = Callable[[dict, dict, Path, dict], dict[str, mc.ModelConfig]]
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
 
@@ -150,7 +152,8 @@ def python_model(name: str, spec: dict, llm: dict, repo: Path) -> mc.ModelConfig
     cfg = mc.ModelConfig(name=name, backend=spec["backend"], max_batch_size=int(llm["max_batch_size"]))
     cfg.input.extend(tensor_msg(t, mc.ModelInput) for t in inputs)
     cfg.output.extend(tensor_msg(t, mc.ModelOutput) for t in outputs)
-    if spec.get("decoupled", False):
+    decoupled = llm.get("decoupled_mode", True) if name in DECOUPLED_MODE_MODELS else spec.get("decoupled", False)
+    if decoupled:
         cfg.model_transaction_policy.decoupled = True
     if name not in UNBATCHED:  # NVIDIA's BLS has no batcher either
         cfg.dynamic_batching.max_queue_delay_microseconds = int(llm.get("max_queue_delay_microseconds", 0))
@@ -189,12 +192,17 @@ def validate(deployment: dict) -> None:
             raise DeploymentError(f"deployment.yaml: llm.{key} is required")
     if int(llm["max_batch_size"]) <= 0:
         raise DeploymentError("deployment.yaml: llm.max_batch_size must be > 0 (NVIDIA's LLM contract batches)")
+    if not isinstance(llm.get("decoupled_mode", True), bool):
+        raise DeploymentError(f"deployment.yaml: llm.decoupled_mode = {llm['decoupled_mode']!r}; must be true or false")
     for name in MODEL_DIRS:
         if name not in deployment["models"]:
             raise DeploymentError(f"deployment.yaml: models.{name} is missing")
         spec = deployment["models"][name] or {}
         if name != C.ENSEMBLE and not spec.get("backend"):
             raise DeploymentError(f"deployment.yaml: models.{name}.backend is required")
+        if name in DECOUPLED_MODE_MODELS and "decoupled" in spec:
+            raise DeploymentError(f"deployment.yaml: models.{name}.decoupled: set llm.decoupled_mode instead "
+                                  f"(NVIDIA's decoupled_mode covers {', '.join(DECOUPLED_MODE_MODELS)})")
         for key, value in (spec.get("parameters") or {}).items():
             where = f"deployment.yaml: models.{name}.parameters.{key}"
             if key in ALLOWED_VALUES and str(value) not in ALLOWED_VALUES[key]:
@@ -224,10 +232,18 @@ def render_default(deployment: dict, repo: Path = REPO) -> dict[str, mc.ModelCon
     return configs
 
 
+def _copies(configs: dict[str, mc.ModelConfig]) -> dict[str, mc.ModelConfig]:
+    out = {}
+    for name, cfg in configs.items():
+        out[name] = mc.ModelConfig()
+        out[name].CopyFrom(cfg)
+    return out
+
+
 def render_files(deployment: dict, repo: Path = REPO) -> dict[str, str]:
     """Repo-relative path -> file text, for every file this script owns. Raises if a cross-check fails."""
     default = render_default(deployment, repo)
-    profiles = {name: PROFILES[name](deployment, settings or {}, repo)
+    profiles = {name: PROFILES[name](deployment, settings or {}, repo, _copies(default))
                 for name, settings in (deployment.get("profiles") or {}).items()}
     # A profile is served as the default set with its overrides swapped in: check that whole set.
     for set_name, configs in [("config", default)] + [(p, {**default, **o}) for p, o in profiles.items()]:

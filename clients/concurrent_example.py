@@ -38,7 +38,7 @@ async def one(triton: TritonText, i: int, prompt: str, params: GenerationParams,
         async for chunk in triton.generate(prompt, params, stream=True, model=model):
             if chunk.text and first is None:
                 first = time.perf_counter() - start
-            tokens = max(tokens, chunk.num_output_tokens or 0)
+            tokens += chunk.num_output_tokens or 0  # each response counts its own tokens
             text.append(chunk.text)
     except ApiError as e:
         return {"i": i, "error": f"{e.status}: {e.message}"}

@@ -10,7 +10,9 @@ Invariants:
   refused) and HTTP through ``/generate`` (one response) or ``/generate_stream`` (server-sent events).
 - In streaming mode each ``Chunk.text`` is the *new* text only; concatenated they equal the
   non-streamed text (exact per-request detokenization in the BLS and the ensemble's postprocessing).
-  ``num_output_tokens`` is the running total, ``log_probs`` the new tokens' log probabilities.
+  ``num_output_tokens`` counts the tokens of that response (NVIDIA's semantics: sum them over a stream),
+  ``log_probs`` the new tokens' log probabilities. The counts come only when asked for
+  (``return_num_input_tokens`` / ``return_num_output_tokens``, which every request here sends).
 - A failed request raises ``TritonError`` whose message is Triton's, unchanged.
 """
 from __future__ import annotations
@@ -93,6 +95,8 @@ class GenerationParams:
             "text_input": (np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES"),
             "max_tokens": (np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
             "stream": (np.array([[stream]], dtype=np.bool_), "BOOL"),
+            "return_num_input_tokens": (np.array([[True]], dtype=np.bool_), "BOOL"),
+            "return_num_output_tokens": (np.array([[True]], dtype=np.bool_), "BOOL"),
         }
         for name, (np_type, triton_type) in _SCALARS.items():
             value = getattr(self, name)
@@ -258,9 +262,8 @@ class Timing:
             self.text_chunks += 1
             if self.first_token is None:
                 self.first_token = time.perf_counter()
-        if chunk.num_output_tokens is not None:
-            # Running total in streaming mode, the whole count otherwise: the maximum is right for both.
-            self.output_tokens = max(self.output_tokens, chunk.num_output_tokens)
+        if chunk.num_output_tokens is not None:  # this response's tokens
+            self.output_tokens += chunk.num_output_tokens
         if chunk.num_input_tokens is not None:
             self.input_tokens = chunk.num_input_tokens
 

@@ -10,6 +10,8 @@ Config parameters (string_value):
 - ``skip_special_tokens``: default true.
 - ``max_stream_states`` (default 1024) / ``stream_state_ttl_s`` (default 60): bounds of the
   per-stream detokenizer state (LRU + idle timeout), so unfinished streams cannot leak.
+- ``key_by_request_id``: default false; true keys stream state by the client's request id when the
+  engine sends no REQUEST_KEY (the GPU profile; see ``tritonllm.text.postprocess``).
 
 Invariants: one response per request, in order; requests are handled in arrival order, which keeps a
 stream's chunks in order. Stream state lives in this process: the model must run ONE instance
@@ -32,7 +34,8 @@ class TritonPythonModel:
             load_tokenizer(tokenizer_dir),
             skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True),
             max_streams=int(params.get("max_stream_states") or 1024),
-            stream_ttl_s=float(params.get("stream_state_ttl_s") or 60.0))
+            stream_ttl_s=float(params.get("stream_state_ttl_s") or 60.0),
+            key_by_request_id=parse_bool(params.get("key_by_request_id"), False))
         self.input_names = [t["name"] for t in config.get("input", [])]
         self.output_names = [t["name"] for t in config.get("output", [])]
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1

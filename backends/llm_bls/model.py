@@ -1,21 +1,24 @@
-"""Triton Python-based backend ``llm_bls``: serves model ``tensorrt_llm_bls`` (decoupled) with the client
-contract of NVIDIA's ``ensemble`` (text_input, max_tokens, stream, ... -> text_output + pass-through).
+"""Triton Python-based backend ``llm_bls``: serves model ``tensorrt_llm_bls`` with the client contract of
+NVIDIA's ``ensemble`` (text_input, max_tokens, stream, ... -> text_output + pass-through).
 
-Per request, on a worker thread (``execute`` returns at once, so requests run concurrently):
-preprocessing via BLS ``exec()``, then tensorrt_llm via BLS ``exec(decoupled=True)`` (always streaming),
-each response's new ids -> ``tritonllm.text.bls_stream.TextGeneration`` (exact incremental
-detokenization + stop strings) -> text deltas (stream=true) or one response (stream=false).
+Per batch row, on a worker thread (``execute`` returns at once, so requests run concurrently):
+preprocessing via BLS ``exec()``, then tensorrt_llm, each response's new ids ->
+``tritonllm.text.bls_stream.TextGeneration`` (exact incremental detokenization + stop strings) -> text.
+Decoupled (NVIDIA's ``decoupled_mode``, the default): tensorrt_llm via ``exec(decoupled=True)``, always
+streaming; each row answers on its own (``batch_index`` when the batch has several rows), deltas when
+``stream=true``, and the last row to finish carries the final flag. Unary: one unary tensorrt_llm call
+per row and one response for the request, rows stacked (``text_output`` ``[batch]``).
 All logic that is not Triton plumbing lives in ``tritonllm.text.bls_stream``.
 
-Ending the engine request early (stop string completed, or the client cancelled): the python_backend
-of Triton 2.51 has no ``ResponseIterator.cancel()``, and dropping the iterator would leave the engine
-generating (and holding KV blocks) until max_tokens. So the inner request carries a unique request id,
-and a second request to tensorrt_llm with ``stop=true`` and that id aborts it (NVIDIA's tensorrt_llm
-contract; our torchllm aborts the engine request, which frees its KV blocks, and ends the stream with a
-flag-only final response). The iterator is then drained so nothing is left pending.
+Ending the engine request early (stop string completed, the client cancelled, or another row of the
+request failed): the python_backend of Triton 2.51 has no ``ResponseIterator.cancel()``, and dropping
+the iterator would leave the engine generating (and holding KV blocks) until max_tokens. So the inner
+request carries a unique request id, and a second request to tensorrt_llm with ``stop=true`` and that
+id aborts it (NVIDIA's tensorrt_llm contract; our torchllm aborts the engine request, which frees its KV
+blocks, and ends the stream normally). The iterator is then drained so nothing is left pending.
 
 Config parameters (string_value): tokenizer_dir, tensorrt_llm_model_name, preprocessing_model_name,
-skip_special_tokens (default true), max_inflight_requests (worker threads, default 64; more requests
+skip_special_tokens (default true), max_inflight_requests (worker threads, default 64; more rows
 queue), accumulate_tokens (NVIDIA's; ignored: deltas are exact without it).
 """
 import itertools
@@ -31,6 +34,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from tritonllm import contract as C  # noqa: E402
+from tritonllm.llm_io import STREAMING_NEEDS_DECOUPLED, stack_rows  # noqa: E402
 from tritonllm.paths import model_parameters, model_path_param  # noqa: E402
 from tritonllm.text import bls_stream as B  # noqa: E402
 from tritonllm.text.detokenizer import tokenizer_traits  # noqa: E402
@@ -48,19 +52,33 @@ class _InnerError(Exception):
 
 
 class _Job:
-    __slots__ = ("sender", "inner_id", "cancelled", "stop_sent", "answered")
+    """One client request: its sender and what its rows have done (guarded by the model's lock)."""
 
-    def __init__(self, sender, inner_id):
+    __slots__ = ("sender", "cancelled", "answered", "pending", "done")
+
+    def __init__(self, sender, rows):
         self.sender = sender
-        self.inner_id = inner_id
         self.cancelled = False  # set by the watcher thread when the client cancels
+        self.answered = False   # the final response went out: nothing more may be sent
+        self.pending = rows     # rows not finished yet
+        self.done = [None] * rows  # unary: each row's final arrays
+
+
+class _Row:
+    __slots__ = ("job", "index", "inner_id", "stop_sent", "finished")
+
+    def __init__(self, job, index, inner_id):
+        self.job = job
+        self.index = index
+        self.inner_id = inner_id
         self.stop_sent = False
-        self.answered = False  # the final response went out: nothing more may be sent
+        self.finished = False  # its last chunk was handed to the job
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config, params = model_parameters(args)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         tokenizer_dir = model_path_param(args, params, "tokenizer_dir")
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.traits = tokenizer_traits(self.tokenizer)
@@ -90,30 +108,44 @@ class TritonPythonModel:
                 t = pb_utils.get_input_tensor_by_name(request, name)
                 if t is not None:
                     arrays[name] = t.as_numpy()
-            job = _Job(sender, str(self.id_base + next(self.ids)))
+            try:
+                rows = B.split_rows(arrays)
+            except InvalidInput as e:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    str(e), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+                continue
+            job = _Job(sender, len(rows))
             with self.lock:
                 self.jobs.add(job)
-            self.pool.submit(self._run, job, arrays)
+            for i, row_arrays in enumerate(rows):
+                row = _Row(job, i, str(self.id_base + next(self.ids)))
+                self.pool.submit(self._run, row, row_arrays, i if len(rows) > 1 else None)
         return None
 
     # ---- worker thread -----------------------------------------------------------------------------
-    def _run(self, job, arrays):
+    def _run(self, row, arrays, batch_index):
         try:
-            req = B.parse_request(arrays)
+            req = B.parse_request(arrays, batch_index if self.decoupled else None)
+            if req.stream and not self.decoupled:
+                raise InvalidInput(f"stream: {STREAMING_NEEDS_DECOUPLED}")
             pre = self._preprocess(req)
             gen = B.TextGeneration(self.tokenizer, req, B.prompt_ids(pre),
                                    skip_special_tokens=self.skip_special, traits=self.traits)
-            self._generate(job, req, pre, gen)
+            if self.decoupled:
+                self._generate(row, req, pre, gen)
+            else:
+                self._generate_unary(row, req, pre, gen)
         except InvalidInput as e:
-            self._fail(job, str(e), pb_utils.TritonError.INVALID_ARG)
+            self._fail(row.job, str(e), pb_utils.TritonError.INVALID_ARG)
         except _InnerError as e:
-            self._fail(job, str(e), e.code)
+            self._fail(row.job, str(e), e.code)
         except Exception as e:  # never let one request take the model down
             pb_utils.Logger.log_error(f"tensorrt_llm_bls: {e!r}")
-            self._fail(job, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
+            self._fail(row.job, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
         finally:
-            self._finish(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                "tensorrt_llm_bls: request ended without a response", pb_utils.TritonError.INTERNAL)))
+            if not row.finished:  # a no-op when the job already has its final response
+                self._fail(row.job, "tensorrt_llm_bls: request ended without a response",
+                           pb_utils.TritonError.INTERNAL)
 
     def _preprocess(self, req):
         inputs = [pb_utils.Tensor(k, v) for k, v in B.preprocessing_inputs(req).items()]
@@ -123,17 +155,26 @@ class TritonPythonModel:
             raise self._inner_error(resp.error())
         return {t.name(): t.as_numpy() for t in resp.output_tensors()}
 
-    def _generate(self, job, req, pre, gen):
-        inputs = [pb_utils.Tensor(k, v) for k, v in B.llm_inputs(req, pre).items()]
-        responses = pb_utils.InferenceRequest(
-            model_name=self.llm_model, requested_output_names=list(B.LLM_OUTPUTS), inputs=inputs,
-            request_id=job.inner_id).exec(decoupled=True)
-        done, error = False, None
+    def _llm_request(self, row, req, pre, stream):
+        inputs = [pb_utils.Tensor(k, v) for k, v in B.llm_inputs(req, pre, stream=stream).items()]
+        return pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=list(B.LLM_OUTPUTS),
+                                         inputs=inputs, request_id=row.inner_id)
+
+    def _generate_unary(self, row, req, pre, gen):
+        resp = self._llm_request(row, req, pre, stream=False).exec()
+        if resp.has_error():
+            raise self._inner_error(resp.error())
+        gen.on_response({t.name(): t.as_numpy() for t in resp.output_tensors()})
+        self._row_final(row, req, gen.finish())
+
+    def _generate(self, row, req, pre, gen):
+        responses = self._llm_request(row, req, pre, stream=True).exec(decoupled=True)
+        job, done, error = row.job, False, None
         for resp in responses:  # always iterated to the end: nothing may stay pending
             if done:
                 continue
-            if job.cancelled:
-                self._stop_engine(job)
+            if job.cancelled or job.answered:  # the client cancelled, or another row failed
+                self._stop_engine(row)
                 self._fail(job, "request cancelled", pb_utils.TritonError.CANCELLED)
                 done = True
                 continue
@@ -145,65 +186,72 @@ class TritonPythonModel:
                 continue
             chunk = gen.on_response({t.name(): t.as_numpy() for t in tensors})
             if chunk is not None:
-                self._send(job, chunk, 0)
+                self._send(job, self._response(chunk.arrays()), 0)
             if gen.stopped:
-                self._send_final(job, req, gen.finish())
+                self._row_final(row, req, gen.finish())
                 done = True
-                self._stop_engine(job)
+                self._stop_engine(row)
         if error is not None:
             raise error
         if not done:
             if job.cancelled:
                 self._fail(job, "request cancelled", pb_utils.TritonError.CANCELLED)
             else:
-                self._send_final(job, req, gen.finish())
+                self._row_final(row, req, gen.finish())
 
-    def _stop_engine(self, job):
+    def _stop_engine(self, row):
         """Abort the engine request (see module docstring); its KV blocks are freed."""
-        if job.stop_sent:
+        if row.stop_sent:
             return
-        job.stop_sent = True
+        row.stop_sent = True
         one = np.ones((1, 1), dtype=np.int32)
         stop = pb_utils.InferenceRequest(
-            model_name=self.llm_model, requested_output_names=["output_ids"], request_id=job.inner_id,
+            model_name=self.llm_model, requested_output_names=["output_ids"], request_id=row.inner_id,
             inputs=[pb_utils.Tensor("input_lengths", one), pb_utils.Tensor("request_output_len", one),
                     pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool))])
         for resp in stop.exec(decoupled=True):
             if resp.has_error():
-                pb_utils.Logger.log_warn(f"tensorrt_llm_bls: stop {job.inner_id} failed: {resp.error().message()}")
+                pb_utils.Logger.log_warn(f"tensorrt_llm_bls: stop {row.inner_id} failed: {resp.error().message()}")
 
-    def _send_final(self, job, req, chunk):
-        # A streamed stream ends without an empty event when there is nothing left to say.
-        if req.stream and chunk.empty:
-            self._finish(job, None)
+    def _row_final(self, row, req, chunk):
+        """A row's last chunk: the job's final response once every row is done."""
+        job = row.job
+        row.finished = True
+        with self.lock:
+            job.pending -= 1
+            last = job.pending == 0
+            if not self.decoupled:
+                job.done[row.index] = chunk.arrays()
+        if not self.decoupled:
+            if last:
+                self._send(job, self._response(stack_rows(job.done) if len(job.done) > 1 else job.done[0]), FINAL)
+        elif req.stream and chunk.empty:  # a stream ends without an empty event when nothing is left
+            if last:
+                self._send(job, None, FINAL)
         else:
-            self._send(job, chunk, FINAL)
+            self._send(job, self._response(chunk.arrays()), FINAL if last else 0)
 
-    def _send(self, job, chunk, flags):
-        arrays = chunk.arrays()
-        response = pb_utils.InferenceResponse(
+    def _response(self, arrays):
+        return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
-        if flags == FINAL:
-            self._finish(job, response)
-        elif not job.answered:
-            job.sender.send(response, flags=flags)
 
     def _fail(self, job, message, code):
-        self._finish(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)))
+        self._send(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), FINAL)
 
-    def _finish(self, job, response):
-        """Send the final response (None: flag only), once. Under the lock shared with the watcher:
-        Triton frees the response factory after the final flag, and `is_cancelled()` on a freed
+    def _send(self, job, response, flags):
+        """Send a response (None: flag only), never after the final one. Under the lock shared with the
+        watcher: Triton frees the response factory after the final flag, and `is_cancelled()` on a freed
         factory crashes the server (seen on 2.51: SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled)."""
         with self.lock:
             if job.answered:
                 return
-            job.answered = True
-            self.jobs.discard(job)
+            if flags == FINAL:
+                job.answered = True
+                self.jobs.discard(job)
             if response is None:
-                job.sender.send(flags=FINAL)
+                job.sender.send(flags=flags)
             else:
-                job.sender.send(response, flags=FINAL)
+                job.sender.send(response, flags=flags)
 
     @staticmethod
     def _inner_error(error):
@@ -212,9 +260,9 @@ class TritonPythonModel:
 
     # ---- cancellation ------------------------------------------------------------------------------
     def _watch_cancellations(self):
-        # Flags only: the worker that owns the job stops the engine request on its next response.
+        # Flags only: the workers that own the job's rows stop their engine requests on the next response.
         while not self.closing.wait(WATCH_PERIOD_S):
-            with self.lock:  # see _finish: never ask a sender that has sent its final response
+            with self.lock:  # see _send: never ask a sender that has sent its final response
                 for job in self.jobs:
                     if not job.cancelled and not job.answered and job.sender.is_cancelled():
                         job.cancelled = True

@@ -66,6 +66,8 @@ class TritonPythonModel:
     # ---- worker thread -----------------------------------------------------------------------------
     def _run(self, sender, arrays):
         try:
+            if len(B.split_rows(arrays)) != 1:
+                raise InvalidInput(f"text_input: {self.name} takes one prompt per request (batch size 1)")
             req = B.parse_request(arrays)
             if self.config.mode == R.MODERATE:
                 # The answer does not depend on the verdict: the LLM starts first, the classifier

@@ -1,10 +1,14 @@
 """Triton adapter serving the model `tensorrt_llm` with our engine (NVIDIA's tensorrt_llm tensor contract).
 
-Thin by intent: tensors -> tritonllm.llm_io -> EngineRunner; engine outputs -> responses. Decoupled: one
-engine on a background thread serves every request; streaming sends each new-token delta, otherwise one
-response at the end. Client cancellation and the `stop` input abort the request and free its KV blocks.
+Thin by intent: tensors -> tritonllm.llm_io -> EngineRunner; engine outputs -> tritonllm.llm_jobs ->
+responses. One engine on a background thread serves every request. Decoupled or not as the config says
+(NVIDIA's ``decoupled_mode``): decoupled answers each batch row on its own and streams; unary sends one
+response per request, through the response sender too, so ``execute`` never blocks on generation.
+Client cancellation and NVIDIA's ``stop`` request abort engine requests, which frees their KV blocks.
+Metrics: ours (tritonllm.metrics.LLMMetrics) and NVIDIA's families (NvidiaMetrics), whose
+iteration-stats JSON is also logged at verbose level as NVIDIA's backend logs it.
 """
-import itertools
+import json
 import logging
 import os
 import queue
@@ -17,14 +21,17 @@ import triton_python_backend_utils as pb_utils
 # The stub builds sys.path itself (PYTHONPATH is ignored): make the sibling library package importable.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
-from tritonllm.contract import with_client_names
-from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.lora import parse_adapter_list
-from tritonllm.engine.request import InvalidRequest, QueueFull
-from tritonllm.engine.runner import EngineRunner
-from tritonllm.llm_io import DRAFT_MODEL_MODES, engine_config_from_parameters, parse_request, response_arrays
-from tritonllm.metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics
-from tritonllm.paths import model_parameters, model_path_param, model_path_value
+from tritonllm.contract import with_client_names  # noqa: E402
+from tritonllm.engine.engine import LLMEngine  # noqa: E402
+from tritonllm.engine.lora import parse_adapter_list  # noqa: E402
+from tritonllm.engine.request import InvalidRequest, QueueFull  # noqa: E402
+from tritonllm.engine.runner import EngineRunner  # noqa: E402
+from tritonllm.llm_io import (DRAFT_MODEL_MODES, INPUT_NAMES, STREAMING_NEEDS_DECOUPLED,  # noqa: E402
+                              engine_config_from_parameters, parse_request, wants_ensemble_names)
+from tritonllm.llm_jobs import CANCELLED, Jobs  # noqa: E402
+from tritonllm.metrics import (COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics,  # noqa: E402
+                               iteration_stats)
+from tritonllm.paths import model_parameters, model_path_param, model_path_value  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -45,29 +52,9 @@ def _metric_family(name, description, kind):
     return pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind]).Metric
 
 
-class _Stream:
-    __slots__ = ("sender", "triton_id", "prompt", "streaming", "exclude_input", "tokens", "logprobs",
-                 "arrival", "first_token", "num_out")
-
-    def __init__(self, sender, triton_id, parsed):
-        self.sender = sender
-        self.triton_id = triton_id
-        self.prompt = parsed.prompt_ids
-        self.streaming = parsed.streaming
-        self.exclude_input = parsed.exclude_input
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.arrival = time.monotonic()
-        self.first_token: float | None = None
-        self.num_out = 0
-
-    def timings(self) -> tuple[float | None, float | None]:
-        """(time to first token, mean time per later output token) as the client saw them."""
-        if self.first_token is None:
-            return None, None
-        ttft = self.first_token - self.arrival
-        tpot = (time.monotonic() - self.first_token) / (self.num_out - 1) if self.num_out > 1 else None
-        return ttft, tpot
+def _resident_bytes() -> int:
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class TritonPythonModel:
@@ -76,6 +63,7 @@ class TritonPythonModel:
         if not any(isinstance(h, _TritonLogHandler) for h in lib_log.handlers):
             lib_log.addHandler(_TritonLogHandler(logging.WARNING))
         config, params = model_parameters(args)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.output_names = {o["name"] for o in config.get("output", [])}
         model_path = str(model_path_param(args, params, "gpt_model_path"))
         engine_config, self.default_exclude_input = engine_config_from_parameters(params)
@@ -89,12 +77,11 @@ class TritonPythonModel:
             engine_config.draft_model_path = str(model_path_param(args, params, "draft_model_path"))
         self.engine = LLMEngine(model_path, engine_config)
         self.cancel_period = float(params.get("cancellation_check_period_ms", "50") or 50) / 1000.0
-        self.logger = pb_utils.Logger
-        self.streams: dict[str, _Stream] = {}
-        self.lock = threading.Lock()
-        self.ids = itertools.count()
+        self.stats_period = float(params.get("stats_check_period_ms", "100") or 100) / 1000.0
+        self.jobs = Jobs()
         self.metrics = LLMMetrics(_metric_family, args["model_name"],
                                   float(params.get("cost_per_instance_hour_usd", "0") or 0))
+        self.nvidia = NvidiaMetrics(_metric_family, args["model_name"], args["model_version"])
         # Responses leave on their own thread: each send is a round trip to the server process, and made
         # from the engine thread they would stall the next step (16 streams = 16 round trips per step).
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -104,41 +91,37 @@ class TritonPythonModel:
         self.closing = threading.Event()
         self.watcher = threading.Thread(target=self._watch, daemon=True)
         self.watcher.start()
-        self.logger.log_info(f"tensorrt_llm: engine ready ({model_path}, device {self.engine.model.device}, "
-                             f"dtype {self.engine.model.dtype}, {self.engine.pool.num_blocks} KV blocks)")
+        pb_utils.Logger.log_info(
+            f"tensorrt_llm: engine ready ({model_path}, device {self.engine.model.device}, dtype "
+            f"{self.engine.model.dtype}, {self.engine.pool.num_blocks} KV blocks, "
+            f"{'decoupled' if self.decoupled else 'unary (not decoupled)'})")
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            ensemble = False
             try:
                 arrays = {}
-                for name in ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_id",
-                             "beam_width", "runtime_top_k", "num_return_sequences", "min_tokens",
-                             "temperature", "runtime_top_p", "repetition_penalty", "presence_penalty",
-                             "frequency_penalty", "len_penalty", "seed", "streaming", "return_log_probs",
-                             "exclude_input_in_output", "stop", "return_context_logits",
-                             "return_generation_logits", "stop_words_list", "bad_words_list",
-                             "guided_decoding_guide_type", "guided_decoding_guide", "lora_task_id",
-                             "lora_weights", "lora_config", "embedding_bias"):
+                for name in INPUT_NAMES:
                     t = pb_utils.get_input_tensor_by_name(request, name)
                     if t is not None:
                         arrays[name] = t.as_numpy()
-                parsed = parse_request(arrays, self.default_exclude_input)
-                if parsed.stop:
+                ensemble = wants_ensemble_names(arrays)
+                batch = parse_request(arrays, self.default_exclude_input)
+                if batch.stop:
                     self._stop(request.request_id())
-                    sender.send(flags=FINAL)
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
                     continue
-                rid = str(next(self.ids))
-                with self.lock:
-                    self.streams[rid] = _Stream(sender, request.request_id(), parsed)
+                if not self.decoupled and any(row.streaming for row in batch.rows):
+                    raise InvalidRequest(f"streaming: {STREAMING_NEEDS_DECOUPLED}")
+                job = self.jobs.add(sender, request.request_id(), batch, self.decoupled)
                 try:
-                    self.runner.submit(rid, parsed.prompt_ids, parsed.params)
+                    self.runner.submit_all([(r.rid, r.request.prompt_ids, r.request.params) for r in job.rows])
                 except Exception:
-                    with self.lock:
-                        self.streams.pop(rid, None)
+                    self.jobs.forget(job)
                     raise
-            except InvalidRequest as e:  # plus the ensemble's input names: "request_output_len (max_tokens)"
-                self._fail(sender, with_client_names(str(e)), pb_utils.TritonError.INVALID_ARG)
+            except InvalidRequest as e:  # through the ensemble, also its input names: "request_output_len (max_tokens)"
+                self._fail(sender, with_client_names(str(e)) if ensemble else str(e), pb_utils.TritonError.INVALID_ARG)
             except QueueFull as e:
                 self._fail(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
             except Exception as e:  # never let one request take the model down
@@ -150,72 +133,63 @@ class TritonPythonModel:
         sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
 
     def _stop(self, triton_id):
-        with self.lock:
-            targets = [rid for rid, s in self.streams.items() if s.triton_id == triton_id and triton_id]
-        for rid in targets:
+        if not triton_id:
+            raise InvalidRequest("stop: a stop request must carry the request id of the request to stop")
+        for rid in self.jobs.rows_of(triton_id):  # an unknown id is not an error: it may have finished
             self.runner.abort(rid)
-
-    def _response(self, arrays):
-        return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
 
     def _respond(self):
         while (out := self.outbox.get()) is not None:
             try:
-                self._on_output(out)
+                replies, abort, finished = self.jobs.on_output(out)
+                for rid in abort:
+                    self.runner.abort(rid)
+                if finished is not None:
+                    self.metrics.observe_request(finished.ttft, finished.tpot)
+                    self.nvidia.observe(finished.prompt_tokens, finished.output_tokens)
+                for reply in replies:
+                    self._send(reply)
             except Exception as e:  # one failed send must not stop the others' responses
-                self.logger.log_error(f"tensorrt_llm: response for {out.request_id} failed: {e}")
+                pb_utils.Logger.log_error(f"tensorrt_llm: response for {out.request_id} failed: {e}")
 
-    def _on_output(self, out):
-        with self.lock:
-            s = self.streams.get(out.request_id)
-            if s is not None and out.finished:
-                del self.streams[out.request_id]
-        if s is None:
-            return
-        if out.new_token_ids:
-            s.num_out += len(out.new_token_ids)
-            if s.first_token is None:
-                s.first_token = time.monotonic()
-        if out.finished and out.finish_reason in ("stop", "length"):
-            self.metrics.observe_request(*s.timings())
-        if out.error:
-            self._fail(s.sender, out.error, pb_utils.TritonError.INTERNAL)
-            return
-        if out.finish_reason == "abort":
-            if s.sender.is_cancelled():
-                self._fail(s.sender, "request cancelled", pb_utils.TritonError.CANCELLED)
-            else:  # the `stop` input: finish normally with what was produced
-                s.sender.send(flags=FINAL)
-            return
-        if s.streaming:
-            # A finished stream always ends with a data response (possibly of 0 tokens) carrying
-            # is_final, so a stateful postprocessing step learns that the sequence ended.
-            if out.new_token_ids or out.finished:
-                arrays = response_arrays(out.new_token_ids, out.new_logprobs, out.cum_logprob,
-                                         out.num_prompt_tokens, out.num_output_tokens,
-                                         int(out.request_id), out.finished)
-                s.sender.send(self._response(arrays), flags=FINAL if out.finished else 0)
-            return
-        s.tokens.extend(out.new_token_ids)
-        s.logprobs.extend(out.new_logprobs)
-        if out.finished:
-            ids = s.tokens if s.exclude_input else s.prompt + s.tokens
-            arrays = response_arrays(ids, s.logprobs, out.cum_logprob, out.num_prompt_tokens,
-                                     out.num_output_tokens, int(out.request_id), True)
-            s.sender.send(self._response(arrays), flags=FINAL)
+    def _send(self, reply):
+        flags = FINAL if reply.final else 0
+        if reply.error is not None:
+            code = pb_utils.TritonError.CANCELLED if reply.code == CANCELLED else pb_utils.TritonError.INTERNAL
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error, code))
+        else:
+            response = pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(k, v) for k, v in (reply.arrays or {}).items() if k in self.output_names])
+        reply.sender.send(response, flags=flags)
 
     def _watch(self):
-        """Aborts requests whose client cancelled; publishes engine metrics about every 0.5 s."""
-        last_publish = 0.0
-        while not self.closing.wait(self.cancel_period):
-            with self.lock:
-                cancelled = [rid for rid, s in self.streams.items() if s.sender.is_cancelled()]
-            for rid in cancelled:
+        """Aborts requests whose client cancelled; publishes our metrics about every 0.5 s and NVIDIA's
+        after each new engine iteration (at most every stats_check_period_ms)."""
+        last_publish = last_stats = 0.0
+        last_iteration = -1
+        while not self.closing.wait(min(self.cancel_period, self.stats_period)):
+            for rid in self.jobs.cancelled(lambda sender: sender.is_cancelled()):
                 self.runner.abort(rid)
-            if time.monotonic() - last_publish >= 0.5:
-                last_publish = time.monotonic()
+            now = time.monotonic()
+            if now - last_publish >= 0.5:
+                last_publish = now
                 self.metrics.publish(self.engine.stats, *self.engine.load())
+            step = self.engine.last_step
+            if now - last_stats >= self.stats_period and step.iteration != last_iteration:
+                last_stats, last_iteration = now, step.iteration
+                self._publish_iteration(step)
+
+    def _publish_iteration(self, step):
+        e = self.engine
+        gpu = 0
+        if e.model.device.type == "cuda":
+            import torch
+
+            gpu = torch.cuda.memory_allocated(e.model.device)
+        stats = iteration_stats(step, e.config.max_num_seqs, e.pool.num_blocks, e.config.block_size,
+                                e.stats.reused_blocks, _resident_bytes(), gpu)
+        self.nvidia.publish(stats)
+        pb_utils.Logger.log_verbose(json.dumps(stats))  # as NVIDIA's backend logs its iteration stats
 
     def finalize(self):
         self.closing.set()

@@ -8,10 +8,15 @@ genai-perf ``--backend tensorrtllm`` and the GPU profile (``backend: "tensorrtll
 Invariants:
 - Only the decoder-only text subset is declared. Left out on purpose (encoder-decoder, multimodal,
   p-tuning, disaggregated serving, KV retention, lookahead, draft logits): encoder_input_features,
-  encoder_output_lengths, decoder_input_ids/_lengths, draft_logits, draft_acceptance_threshold,
-  prompt_embedding_table, prompt_table_extra_ids, prompt_vocab_size, cross_attention_mask, mrope_*,
-  context_phase_params, skip_cross_attn_blocks, retention_*, lookahead_*; and on the text side
-  decoder_text_input / DECODER_QUERY, IMAGE_*, VIDEO_*, PROMPT_TABLE_EXTRA_ID.
+  encoder_output_lengths, draft_logits, draft_acceptance_threshold, prompt_embedding_table,
+  prompt_table_extra_ids, prompt_vocab_size, cross_attention_mask, mrope_*, context_phase_params,
+  skip_cross_attn_blocks, retention_*, lookahead_*; and on the text side decoder_text_input /
+  DECODER_QUERY, IMAGE_*, VIDEO_*, PROMPT_TABLE_EXTRA_ID. ``decoder_input_ids`` / ``_lengths`` *are*
+  declared: NVIDIA's preprocessing always emits DECODER_INPUT_ID (``[[pad_id]]`` for a decoder-only
+  model) and their ensemble always wires it; their backend ignores it unless the model is
+  encoder-decoder, and so does our engine.
+- ``nvidia=False`` marks the few tensors that are ours, not NVIDIA's (see ENGINE_WIRING); a profile
+  serving NVIDIA's tensorrtllm backend drops them.
 - ``${logits_datatype}`` in NVIDIA's templates is rendered as TYPE_FP32 (their default).
 - Dims exclude the batch dimension: every model here has ``max_batch_size > 0``.
 - ``reshape=()`` marks NVIDIA's ``reshape: { shape: [ ] }``: with it a batched scalar reaches the Python
@@ -36,6 +41,7 @@ class Tensor:
     optional: bool = False
     reshape: tuple[int, ...] | None = None  # () = NVIDIA's `reshape: { shape: [ ] }`
     ragged: bool = False  # allow_ragged_batch
+    nvidia: bool = True   # False: ours, not in NVIDIA's config (see ENGINE_WIRING)
 
 
 def _scalars(dtype: str, names: str, *, reshape=(), optional=True) -> list[Tensor]:
@@ -51,13 +57,18 @@ BLS = "tensorrt_llm_bls"
 PROMPT_GUARD = "prompt_guard"      # classical text classifier (build_scripts/build_classical.py)
 ROUTER = "llm_router"              # BLS cascade: prompt_guard picks refuse / small / large LLM slot
 MODERATED = "moderated_llm"        # BLS (llm_router, mode moderate): ensemble + prompt_guard, both answers
+# Models whose transaction policy is NVIDIA's `decoupled_mode` (deployment.yaml llm.decoupled_mode); the
+# ensemble follows its tensorrt_llm step. The routers stream whatever they relay and stay decoupled.
+DECOUPLED_MODE_MODELS = (TENSORRT_LLM, BLS)
 
 # --------------------------------------------------------------------------- tensorrt_llm
 # input_ids is optional in NVIDIA's current config only because encoder-decoder models send
 # encoder_input_features instead; the decoder-only engine answers INVALID_ARG when it is missing.
 TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
     Tensor("input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
+    Tensor("decoder_input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
     Tensor("input_lengths", "TYPE_INT32", (1,), reshape=()),
+    Tensor("decoder_input_lengths", "TYPE_INT32", (1,), optional=True, reshape=()),
     Tensor("request_output_len", "TYPE_INT32", (1,), reshape=()),
     *_scalars("TYPE_INT32", "num_return_sequences"),
     Tensor("draft_input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
@@ -84,12 +95,13 @@ TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
     Tensor("lora_config", "TYPE_INT32", (-1, 3), optional=True, ragged=True),
     Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
     Tensor("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
+    # Not NVIDIA's (see ENGINE_WIRING): the request comes through the ensemble, so errors also name the
+    # ensemble's inputs ("request_output_len (max_tokens)"); a raw request gets our names only.
+    Tensor("ensemble_names", "TYPE_BOOL", (1,), optional=True, reshape=(), nvidia=False),
 )
 
-# Per-request statistics NVIDIA's backend returns as [1]-shaped outputs (ensemble passes them through).
-_STAT_OUTPUTS: tuple[Tensor, ...] = (
-    Tensor("batch_index", "TYPE_INT32", (1,)),
-    Tensor("sequence_index", "TYPE_INT32", (1,)),
+# TensorRT-LLM's per-request perf metrics (return_perf_metrics), [1]-shaped outputs.
+PERF_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
     Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
     Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
@@ -100,6 +112,13 @@ _STAT_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("acceptance_rate", "TYPE_FP32", (1,)),
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+
+# Per-request statistics NVIDIA's backend returns as [1]-shaped outputs (ensemble passes them through).
+_STAT_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("batch_index", "TYPE_INT32", (1,)),
+    Tensor("sequence_index", "TYPE_INT32", (1,)),
+    *PERF_OUTPUTS,
     Tensor("num_input_tokens", "TYPE_INT32", (1,)),
     Tensor("num_output_tokens", "TYPE_INT32", (1,)),
 )
@@ -128,8 +147,8 @@ NVIDIA_TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (
 # backend emits neither: a GPU profile must declare NVIDIA_TENSORRT_LLM_OUTPUTS and render the ensemble
 # with ensemble_steps(engine_stream_keys=False); postprocessing then keys its state by request id.
 ENGINE_STREAM_OUTPUTS: tuple[Tensor, ...] = (
-    Tensor("request_key", "TYPE_UINT64", (1,)),
-    Tensor("is_final", "TYPE_BOOL", (1,)),
+    Tensor("request_key", "TYPE_UINT64", (1,), nvidia=False),
+    Tensor("is_final", "TYPE_BOOL", (1,), nvidia=False),
 )
 
 TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS)
@@ -148,12 +167,15 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
 PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("INPUT_ID", "TYPE_INT32", (-1,)),
     Tensor("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)),
+    Tensor("DECODER_INPUT_ID", "TYPE_INT32", (-1,)),
+    Tensor("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", (1,)),
     Tensor("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
     Tensor("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
     Tensor("EMBEDDING_BIAS", "TYPE_FP32", (-1,)),
     Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (-1,)),
     Tensor("OUT_END_ID", "TYPE_INT32", (1,)),
     Tensor("OUT_PAD_ID", "TYPE_INT32", (1,)),
+    Tensor("ENSEMBLE_NAMES", "TYPE_BOOL", (1,), nvidia=False),  # see ENGINE_WIRING
 )
 
 # --------------------------------------------------------------------------- postprocessing (detokenizer)
@@ -161,8 +183,8 @@ POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
     Tensor("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
     # Not NVIDIA's (see ENGINE_STREAM_OUTPUTS): optional, so NVIDIA's wiring without them still loads.
-    Tensor("REQUEST_KEY", "TYPE_UINT64", (1,), optional=True),
-    Tensor("IS_FINAL", "TYPE_BOOL", (1,), optional=True),
+    Tensor("REQUEST_KEY", "TYPE_UINT64", (1,), optional=True, nvidia=False),
+    Tensor("IS_FINAL", "TYPE_BOOL", (1,), optional=True, nvidia=False),
 )
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("OUTPUT", "TYPE_STRING", (-1,)),
@@ -208,11 +230,13 @@ NVIDIA_ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = 
       "STOP_WORDS_DICT": "stop_words", "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
       "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights", "END_ID": "end_id", "PAD_ID": "pad_id"},
      {"REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "INPUT_ID": "_INPUT_ID",
+      "REQUEST_DECODER_INPUT_LEN": "_REQUEST_DECODER_INPUT_LEN", "DECODER_INPUT_ID": "_DECODER_INPUT_ID",
       "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
       "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "EMBEDDING_BIAS": "_EMBEDDING_BIAS",
       "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"}),
     (TENSORRT_LLM,
-     {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
+     {"input_ids": "_INPUT_ID", "decoder_input_ids": "_DECODER_INPUT_ID",
+      "input_lengths": "_REQUEST_INPUT_LEN", "decoder_input_lengths": "_REQUEST_DECODER_INPUT_LEN",
       "exclude_input_in_output": "exclude_input_in_output", "request_output_len": "_REQUEST_OUTPUT_LEN",
       "end_id": "_PREPROCESSOR_END_ID", "pad_id": "_PREPROCESSOR_PAD_ID", "embedding_bias": "_EMBEDDING_BIAS",
       "runtime_top_k": "top_k", "runtime_top_p": "top_p", "temperature": "temperature",
@@ -233,10 +257,13 @@ NVIDIA_ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = 
      {"OUTPUT": "text_output"}),
 )
 
-# tensorrt_llm output -> internal tensor -> postprocessing input, for the non-NVIDIA stream keys.
-STREAM_KEY_WIRING: tuple[tuple[str, str, str], ...] = (
-    ("request_key", "_REQUEST_KEY", "REQUEST_KEY"),
-    ("is_final", "_IS_FINAL", "IS_FINAL"),
+# Our additions to NVIDIA's wiring, (source model, output, internal tensor, destination model, input):
+# the engine's stream keys into postprocessing (exact streamed text), and preprocessing's ENSEMBLE_NAMES
+# into tensorrt_llm (errors name the ensemble's inputs). Every tensor involved has nvidia=False.
+ENGINE_WIRING: tuple[tuple[str, str, str, str, str], ...] = (
+    (TENSORRT_LLM, "request_key", "_REQUEST_KEY", POSTPROCESSING, "REQUEST_KEY"),
+    (TENSORRT_LLM, "is_final", "_IS_FINAL", POSTPROCESSING, "IS_FINAL"),
+    (PREPROCESSING, "ENSEMBLE_NAMES", "_ENSEMBLE_NAMES", TENSORRT_LLM, "ensemble_names"),
 )
 
 
@@ -248,10 +275,10 @@ def ensemble_steps(*, engine_stream_keys: bool = True) -> tuple[tuple[str, dict[
     steps = []
     for model, input_map, output_map in NVIDIA_ENSEMBLE_STEPS:
         input_map, output_map = dict(input_map), dict(output_map)
-        for src, internal, dst in STREAM_KEY_WIRING:
-            if model == TENSORRT_LLM:
+        for src_model, src, internal, dst_model, dst in ENGINE_WIRING:
+            if model == src_model:
                 output_map[src] = internal
-            elif model == POSTPROCESSING:
+            elif model == dst_model:
                 input_map[dst] = internal
         steps.append((model, input_map, output_map))
     return tuple(steps)
@@ -305,10 +332,12 @@ def numpy_dtype(dtype: str) -> str:
 
 
 # --------------------------------------------------------------------------- client names in errors
-# Which client input each preprocessing output is made from.
+# Which client input each preprocessing output is made from (None: no client input; the decoder ids come
+# from decoder_text_input, which this decoder-only contract does not declare).
 _PRE_OUTPUT_SOURCE = {"INPUT_ID": "QUERY", "REQUEST_INPUT_LEN": "QUERY", "REQUEST_OUTPUT_LEN": "REQUEST_OUTPUT_LEN",
                       "STOP_WORDS_IDS": "STOP_WORDS_DICT", "BAD_WORDS_IDS": "BAD_WORDS_DICT",
-                      "EMBEDDING_BIAS": "EMBEDDING_BIAS_WORDS", "OUT_END_ID": "END_ID", "OUT_PAD_ID": "PAD_ID"}
+                      "EMBEDDING_BIAS": "EMBEDDING_BIAS_WORDS", "OUT_END_ID": "END_ID", "OUT_PAD_ID": "PAD_ID",
+                      "DECODER_INPUT_ID": None, "REQUEST_DECODER_INPUT_LEN": None}
 
 
 def client_input_names() -> dict[str, str]:
@@ -320,7 +349,10 @@ def client_input_names() -> dict[str, str]:
     pre_out = {internal: out for out, internal in pre_step[2].items()}
     names = dict(pre_map)
     for dst, src in llm_step[1].items():
-        names[dst] = pre_map[_PRE_OUTPUT_SOURCE[pre_out[src]]] if src in pre_out else src
+        if src not in pre_out:
+            names[dst] = src
+        elif _PRE_OUTPUT_SOURCE[pre_out[src]] is not None:
+            names[dst] = pre_map[_PRE_OUTPUT_SOURCE[pre_out[src]]]
     return {k: v for k, v in names.items() if k != v and k != "streaming"}
 
 

@@ -1,8 +1,26 @@
 """NVIDIA tensorrt_llm tensor contract <-> engine types, as plain numpy (no Triton imports).
 
-`parse_request` turns one request's input arrays (batch dim of 1 included, as Triton delivers them with
-max_batch_size > 0) into a prompt and SamplingParams, raising InvalidRequest that names the input.
-`response_arrays` builds the output arrays of one response.
+`parse_request` turns one Triton request's input arrays (batch dim first, as Triton delivers them with
+max_batch_size > 0) into a `ParsedBatch`: one `ParsedRequest` per batch row, or a stop request. Errors
+raise InvalidRequest naming the input. `response_arrays` builds the output arrays of one response for one
+row, with NVIDIA's shapes and presence rules; `stack_rows` joins rows into one batched response (unary
+mode, where one response must answer the whole batch).
+
+Semantics follow NVIDIA's C++ backend (TensorRT-LLM ``triton_backend/inflight_batcher_llm/src``, read
+from their source, not run here):
+- ``stop`` is read before anything else; a stop request's other inputs are ignored (NVIDIA's client sends
+  ``input_ids`` of garbage, ``input_lengths`` 0, ``request_output_len`` 0);
+- a batch of N rows is N engine requests, every input sliced per row; ``input_ids`` rows are cut to
+  their ``input_lengths``;
+- accepted and ignored, as NVIDIA's backend ignores them in this configuration: ``decoder_input_ids`` /
+  ``decoder_input_lengths`` (decoder-only model), ``len_penalty`` / ``early_stopping`` /
+  ``beam_search_diversity_rate`` (beam search only; beam width is 1), ``pad_id`` (pads beams),
+  ``draft_input_ids`` (client drafts; verification is lossless, so only speed is lost), and
+  ``runtime_top_p_min`` / ``runtime_top_p_reset_ids`` (they only shape a top-p decay, which is refused);
+- outputs appear only when asked for: log probs with ``return_log_probs``, ``num_input_tokens`` /
+  ``num_output_tokens`` with ``return_num_input_tokens`` / ``return_num_output_tokens``, the ten perf
+  tensors with ``return_perf_metrics``, ``batch_index`` when the batch has more than one row.
+  ``num_output_tokens`` counts the ids of *that* response (the prompt too when it is included).
 """
 from __future__ import annotations
 
@@ -10,28 +28,43 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine.request import InvalidRequest, SamplingParams
+from . import contract as C
+from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
-_EXPECTED_DTYPES = {
-    "input_ids": np.int32, "input_lengths": np.int32, "request_output_len": np.int32,
-    "end_id": np.int32, "pad_id": np.int32, "beam_width": np.int32, "runtime_top_k": np.int32,
-    "num_return_sequences": np.int32, "min_tokens": np.int32,
-    "temperature": np.float32, "runtime_top_p": np.float32, "repetition_penalty": np.float32,
-    "presence_penalty": np.float32, "frequency_penalty": np.float32, "len_penalty": np.float32,
-    "seed": np.uint64, "streaming": np.bool_, "return_log_probs": np.bool_,
-    "exclude_input_in_output": np.bool_, "stop": np.bool_, "return_context_logits": np.bool_,
-    "return_generation_logits": np.bool_, "stop_words_list": np.int32, "bad_words_list": np.int32,
-    "lora_task_id": np.uint64,
-}
+_DTYPES = {t.name: np.dtype(C.numpy_dtype(t.dtype)) for t in C.TENSORRT_LLM_INPUTS}
+INPUT_NAMES = tuple(t.name for t in C.TENSORRT_LLM_INPUTS)
+
+
+# NVIDIA's refusal of streaming by a model that is not decoupled (their utils.cc), plus how to switch.
+STREAMING_NEEDS_DECOUPLED = ("Streaming is only supported if model is deployed using decoupled mode. "
+                             "(deployment.yaml: llm.decoupled_mode, or serve without --model-config-name unary)")
+
+
+@dataclass
+class OutputFlags:
+    """Which optional outputs a row asked for."""
+
+    log_probs: bool = False
+    num_input_tokens: bool = False
+    num_output_tokens: bool = False
+    perf_metrics: bool = False
 
 
 @dataclass
 class ParsedRequest:
+    """One batch row: an engine request."""
+
     prompt_ids: list[int]
     params: SamplingParams
     streaming: bool
     exclude_input: bool
-    stop: bool
+    flags: OutputFlags
+
+
+@dataclass
+class ParsedBatch:
+    rows: list[ParsedRequest]
+    stop: bool = False
 
 
 def _scalar(arrays: dict, name: str, default=None):
@@ -39,7 +72,7 @@ def _scalar(arrays: dict, name: str, default=None):
     if a is None:
         return default
     if a.size != 1:
-        raise InvalidRequest(f"{name} must hold exactly one value, got shape {list(a.shape)}")
+        raise InvalidRequest(f"{name} must hold exactly one value per request, got shape {list(a.shape)}")
     return a.reshape(-1)[0].item()
 
 
@@ -58,9 +91,9 @@ def _text(arrays: dict, name: str) -> str:
 
 def _check_dtypes(arrays: dict) -> None:
     for name, arr in arrays.items():
-        want = _EXPECTED_DTYPES.get(name)
-        if want is not None and arr.dtype != want:
-            raise InvalidRequest(f"{name} must be {np.dtype(want).name}, got {arr.dtype.name}")
+        want = _DTYPES.get(name)
+        if want is not None and arr.dtype != want and not (want == object and arr.dtype.kind in "OSU"):
+            raise InvalidRequest(f"{name} must be {'BYTES' if want == object else want.name}, got {arr.dtype.name}")
 
 
 def decode_word_list(arr: np.ndarray | None, name: str) -> list[list[int]]:
@@ -80,22 +113,44 @@ def decode_word_list(arr: np.ndarray | None, name: str) -> list[list[int]]:
     return words
 
 
-def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) -> ParsedRequest:
-    _check_dtypes(arrays)
-    stop = bool(_scalar(arrays, "stop", False))
+def is_stop_request(arrays: dict[str, np.ndarray]) -> bool:
+    """NVIDIA reads ``stop`` first, from its first element, and nothing else of a stop request."""
+    stop = arrays.get("stop")
+    if stop is None or stop.size == 0:
+        return False
+    if stop.dtype != np.bool_:
+        raise InvalidRequest(f"stop must be BOOL, got {stop.dtype.name}")
+    return bool(stop.reshape(-1)[0])
+
+
+def wants_ensemble_names(arrays: dict[str, np.ndarray]) -> bool:
+    """The request came through the ensemble (our ``ensemble_names`` input): errors also name its inputs."""
+    a = arrays.get("ensemble_names")
+    return a is not None and a.dtype == np.bool_ and bool(a.any())
+
+
+def _rows(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Every input sliced per batch row (each keeps a leading dim of 1)."""
     ids = arrays.get("input_ids")
     if ids is None:
-        if stop:
-            return ParsedRequest([], SamplingParams(), False, True, True)
         raise InvalidRequest("input_ids is required")
-    if ids.ndim > 2 or (ids.ndim == 2 and ids.shape[0] != 1):
-        raise InvalidRequest(f"input_ids must have shape [1, N], got {list(ids.shape)}")
-    prompt = ids.reshape(-1).tolist()
+    if ids.ndim != 2 or ids.shape[0] == 0:
+        raise InvalidRequest(f"input_ids must have shape [batch, tokens], got {list(ids.shape)}")
+    batch = ids.shape[0]
+    for name, arr in arrays.items():
+        if arr.ndim == 0 or arr.shape[0] != batch:
+            raise InvalidRequest(f"{name} must have batch size {batch} (like input_ids), got shape {list(arr.shape)}")
+    return [{name: arr[i:i + 1] for name, arr in arrays.items()} for i in range(batch)]
+
+
+def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool) -> ParsedRequest:
+    prompt = arrays["input_ids"].reshape(-1).tolist()
     n = _scalar(arrays, "input_lengths")
-    if n is not None:
-        if not 0 < n <= len(prompt):
-            raise InvalidRequest(f"input_lengths {n} does not fit input_ids of length {len(prompt)}")
-        prompt = prompt[:n]
+    if n is None:
+        raise InvalidRequest("input_lengths is required")
+    if not 0 < n <= len(prompt):
+        raise InvalidRequest(f"input_lengths {n} does not fit input_ids of length {len(prompt)}")
+    prompt = prompt[:n]
     out_len = _scalar(arrays, "request_output_len")
     if out_len is None:
         raise InvalidRequest("request_output_len is required")
@@ -109,16 +164,19 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
         if arrays.get(name) is not None and arrays[name].size:
             raise InvalidRequest(f"{name}: in-request LoRA weights are not supported; adapters are loaded from "
                                  "the model's lora_adapters parameter and chosen with lora_task_id")
-    lora = _scalar(arrays, "lora_task_id")
     bias = arrays.get("embedding_bias")
     if bias is not None and bias.size:
         raise InvalidRequest("embedding_bias is not supported by this engine")
     for flag in ("return_context_logits", "return_generation_logits"):
         if _scalar(arrays, flag, False):
             raise InvalidRequest(f"{flag} is not supported by this engine")
+    decay = _scalar(arrays, "runtime_top_p_decay", 1.0)
+    if decay != 1.0:
+        raise InvalidRequest(f"runtime_top_p_decay {decay} is not supported (only 1.0: no decay)")
     guide_type = _text(arrays, "guided_decoding_guide_type")
     guide = (guide_type, _text(arrays, "guided_decoding_guide")) if guide_type else None
     seed = _scalar(arrays, "seed")
+    lora = _scalar(arrays, "lora_task_id")
     params = SamplingParams(
         max_tokens=int(out_len),
         temperature=float(_scalar(arrays, "temperature", 1.0)),
@@ -136,32 +194,91 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
         guide=guide,
         lora_task_id=int(lora) if lora is not None else None,
     )
+    flags = OutputFlags(log_probs=params.return_log_probs,
+                        num_input_tokens=bool(_scalar(arrays, "return_num_input_tokens", False)),
+                        num_output_tokens=bool(_scalar(arrays, "return_num_output_tokens", False)),
+                        perf_metrics=bool(_scalar(arrays, "return_perf_metrics", False)))
     return ParsedRequest(prompt, params, bool(_scalar(arrays, "streaming", False)),
-                         bool(_scalar(arrays, "exclude_input_in_output", default_exclude_input)), stop)
+                         bool(_scalar(arrays, "exclude_input_in_output", default_exclude_input)), flags)
 
 
-def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: float,
-                    num_input: int, num_output: int, request_key: int = 0,
-                    is_final: bool = True) -> dict[str, np.ndarray]:
-    """Arrays of one response: batch 1, beam 1 (output_ids [1, 1, N], sequence_length [1, 1], ...).
+def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) -> ParsedBatch:
+    """One Triton request -> its rows (see the module docstring); InvalidRequest names the input, and the
+    row (``batch item 2: ...``) when the batch has several."""
+    if is_stop_request(arrays):
+        return ParsedBatch([], stop=True)
+    _check_dtypes(arrays)
+    rows = _rows(arrays)
+    parsed = []
+    for i, row in enumerate(rows):
+        try:
+            parsed.append(_parse_row(row, default_exclude_input))
+        except InvalidRequest as e:
+            raise InvalidRequest(f"batch item {i}: {e}" if len(rows) > 1 else str(e)) from None
+    return ParsedBatch(parsed)
+
+
+def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: float, num_input: int,
+                    flags: OutputFlags, metrics: RequestMetrics | None = None, batch_index: int | None = None,
+                    request_key: int = 0, is_final: bool = True) -> dict[str, np.ndarray]:
+    """Arrays of one response of one row: batch 1, beam 1 (output_ids [1, 1, N], sequence_length [1, 1], ...).
 
     `request_key` (unique per engine request) and `is_final` are not NVIDIA outputs: wired to the
     postprocessing model's REQUEST_KEY / IS_FINAL they make ensemble streaming exact without relying on
     client request ids."""
     n = len(token_ids)
-    return {
+    out = {  # output_ids first: NVIDIA's benchmark client reads the first output's shape
         "output_ids": np.asarray(token_ids, dtype=np.int32).reshape(1, 1, n),
         "sequence_length": np.asarray([[n]], dtype=np.int32),
-        "cum_log_probs": np.asarray([[cum_logprob]], dtype=np.float32),
-        "output_log_probs": np.asarray(logprobs, dtype=np.float32).reshape(1, 1, len(logprobs)),
-        "context_logits": np.zeros((1, 1, 1), dtype=np.float32),
-        "generation_logits": np.zeros((1, 1, 1, 1), dtype=np.float32),
-        "batch_index": np.asarray([[0]], dtype=np.int32),
-        "num_input_tokens": np.asarray([[num_input]], dtype=np.int32),
-        "num_output_tokens": np.asarray([[num_output]], dtype=np.int32),
-        "request_key": np.asarray([[request_key]], dtype=np.uint64),
-        "is_final": np.asarray([[is_final]], dtype=np.bool_),
     }
+    if flags.log_probs:
+        out["cum_log_probs"] = np.asarray([[cum_logprob]], dtype=np.float32)
+        out["output_log_probs"] = np.asarray(logprobs, dtype=np.float32).reshape(1, 1, len(logprobs))
+    if batch_index is not None:
+        out["batch_index"] = np.asarray([[batch_index]], dtype=np.int32)
+    if flags.num_input_tokens:
+        out["num_input_tokens"] = np.asarray([[num_input]], dtype=np.int32)
+    if flags.num_output_tokens:
+        out["num_output_tokens"] = np.asarray([[n]], dtype=np.int32)
+    if flags.perf_metrics and metrics is not None:
+        out.update(perf_arrays(metrics))
+    out["request_key"] = np.asarray([[request_key]], dtype=np.uint64)
+    out["is_final"] = np.asarray([[is_final]], dtype=np.bool_)
+    return out
+
+
+def perf_arrays(m: RequestMetrics) -> dict[str, np.ndarray]:
+    """The ten perf tensors of TensorRT-LLM's RequestPerfMetrics, each [1, 1]."""
+    def col(value, dtype):
+        return np.asarray([[value]], dtype=dtype)
+
+    return {
+        "kv_cache_alloc_new_blocks": col(m.kv_alloc_new_blocks, np.int32),
+        "kv_cache_reused_blocks": col(m.kv_reused_blocks, np.int32),
+        "kv_cache_alloc_total_blocks": col(m.kv_alloc_total_blocks, np.int32),
+        "arrival_time_ns": col(m.arrival_ns, np.int64),
+        "first_scheduled_time_ns": col(m.first_scheduled_ns, np.int64),
+        "first_token_time_ns": col(m.first_token_ns, np.int64),
+        "last_token_time_ns": col(m.last_token_ns, np.int64),
+        "acceptance_rate": col(m.acceptance_rate, np.float32),
+        "total_accepted_draft_tokens": col(m.accepted_draft_tokens, np.int32),
+        "total_draft_tokens": col(m.draft_tokens, np.int32),
+    }
+
+
+def stack_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-row response arrays -> one response for the whole batch (row i = batch item i). Ragged token
+    axes are padded with -1, as NVIDIA pads beams of different lengths. Only names every row has."""
+    names = [k for k in rows[0] if all(k in r for r in rows)]
+    out = {}
+    for name in names:
+        parts = [r[name] for r in rows]
+        width = max(p.shape[-1] for p in parts)
+        if any(p.shape[-1] != width for p in parts):
+            parts = [np.pad(p, [(0, 0)] * (p.ndim - 1) + [(0, width - p.shape[-1])], constant_values=-1)
+                     for p in parts]
+        out[name] = np.concatenate(parts, axis=0)
+    return out
 
 
 # prompt_lookup: n-gram drafts; draft_model (TensorRT-LLM: draft_tokens_external): the checkpoint in the

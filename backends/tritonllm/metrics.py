@@ -105,3 +105,98 @@ class LLMMetrics:
             self.m["llm_time_to_first_token_seconds"].observe(ttft)
         if tpot is not None:
             self.m["llm_time_per_output_token_seconds"].observe(tpot)
+
+
+# --------------------------------------------------------------------------- NVIDIA's metric families
+# The families NVIDIA's tensorrtllm backend reports (TensorRT-LLM triton_backend/inflight_batcher_llm/src/
+# custom_metrics_reporter/custom_metrics_reporter.cc, read from their source), so dashboards and gateways
+# built for it read ours: the Gateway API Inference Extension takes queue depth from
+# nv_trt_llm_request_metrics{request_type="waiting"} and KV use from
+# nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}. Every metric is labelled model and
+# version plus one category label. family -> (kind, description, label key, ((label value, stat key), ...)).
+# The stat keys are those of the iteration-stats JSON TensorRT-LLM logs (``iteration_stats`` below).
+NVIDIA_GAUGES: dict[str, tuple[str, str, str, tuple[tuple[str, str], ...]]] = {
+    "nv_trt_llm_request_metrics": (GAUGE, "TRT LLM request metrics", "request_type", (
+        ("active", "Active Request Count"), ("max", "Max Request Count"), ("scheduled", "Scheduled Requests"),
+        ("context", "Context Requests"), ("waiting", "Waiting Requests"))),
+    "nv_trt_llm_runtime_memory_metrics": (GAUGE, "TRT LLM runtime memory metrics", "memory_type", (
+        ("cpu", "Runtime CPU Memory Usage"), ("gpu", "Runtime GPU Memory Usage"),
+        ("pinned", "Runtime Pinned Memory Usage"))),
+    "nv_trt_llm_kv_cache_block_metrics": (GAUGE, "TRT LLM KV cache block metrics", "kv_cache_block_type", (
+        ("max", "Max KV cache blocks"), ("free", "Free KV cache blocks"), ("used", "Used KV cache blocks"),
+        ("tokens_per", "Tokens per KV cache block"), ("reused", "Reused KV cache blocks"),
+        ("fraction", "Fraction used KV cache blocks"))),
+    "nv_trt_llm_inflight_batcher_metrics": (GAUGE, "TRT LLM inflight_batcher-specific metrics",
+                                            "inflight_batcher_specific_metric", (
+        ("total_context_tokens", "Total Context Tokens"), ("generation_requests", "Generation Requests"),
+        ("micro_batch_id", "MicroBatch ID"), ("paused_requests", "Paused Requests"))),
+    "nv_trt_llm_general_metrics": (GAUGE, "General TRT LLM metrics", "general_type", (
+        ("timestamp", "Timestamp"), ("iteration_counter", "Iteration Counter"))),
+}
+# Per finished request: family -> (description, response_metric_type, observed quantity).
+NVIDIA_TOKEN_HISTOGRAMS = {
+    "nv_llm_input_token_len": ("TRT LLM response metrics", "total_input_tokens", "prompt"),
+    "nv_llm_output_token_len": ("TRT LLM response metrics", "total_output_tokens", "output"),
+}
+TOKEN_LEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
+TIMESTAMP_FORMAT = "%m-%d-%Y %H:%M:%S.%f"  # TensorRT-LLM's IterationStats timestamp (local time)
+
+
+def iteration_stats(it, max_requests: int, max_blocks: int, tokens_per_block: int, reused_blocks: int,
+                    cpu_bytes: int, gpu_bytes: int) -> dict[str, object]:
+    """One step (an engine.stats.IterationStats) as TensorRT-LLM's iteration-stats JSON. As in NVIDIA's
+    backend, "Waiting Requests" is active minus scheduled and the fraction is used / max."""
+    from datetime import datetime
+
+    used = max_blocks - it.free_blocks
+    return {
+        "Active Request Count": it.active_requests, "Max Request Count": max_requests,
+        "Scheduled Requests": it.scheduled_requests, "Context Requests": it.context_requests,
+        "Waiting Requests": max(it.active_requests - it.scheduled_requests, 0),
+        "Runtime CPU Memory Usage": cpu_bytes, "Runtime GPU Memory Usage": gpu_bytes,
+        "Runtime Pinned Memory Usage": 0,
+        "Max KV cache blocks": max_blocks, "Free KV cache blocks": it.free_blocks, "Used KV cache blocks": used,
+        "Tokens per KV cache block": tokens_per_block, "Reused KV cache blocks": reused_blocks,
+        "Fraction used KV cache blocks": used / max_blocks if max_blocks else 0.0,
+        "Total Context Tokens": it.context_tokens, "Generation Requests": it.generation_requests,
+        "MicroBatch ID": 0, "Paused Requests": it.paused_requests,
+        "Timestamp": datetime.fromtimestamp(it.timestamp).strftime(TIMESTAMP_FORMAT),
+        "Iteration Counter": it.iteration,
+    }
+
+
+class NvidiaMetrics:
+    """NVIDIA's families for one model: ``publish(stats)`` sets the gauges from one iteration-stats dict
+    (the timestamp as microseconds since the epoch, as NVIDIA's reporter converts it); ``observe`` feeds
+    the token-length histograms. ``family`` as for LLMMetrics, but histograms must be native here: the
+    exposition must read ``nv_llm_input_token_len_bucket{model=...,le=...}`` (NVIDIA's label order)."""
+
+    def __init__(self, family, model: str, version: str) -> None:
+        base = {"model": model, "version": str(version)}
+        self._families = []  # kept alive (see LLMMetrics)
+        self.gauges: dict[str, object] = {}
+        for name, (kind, desc, label, values) in NVIDIA_GAUGES.items():
+            make = family(name, desc, kind)
+            self._families.append(make)
+            for value, stat in values:
+                self.gauges[stat] = make(labels={**base, label: value})
+        self.histograms = {}
+        for name, (desc, kind, what) in NVIDIA_TOKEN_HISTOGRAMS.items():
+            make = family(name, desc, HISTOGRAM)
+            if make is None:
+                raise RuntimeError(f"{name} needs native histograms (Triton >= 2.50 Python backend)")
+            self._families.append(make)
+            self.histograms[what] = make(labels={**base, "response_metric_type": kind}, buckets=TOKEN_LEN_BUCKETS)
+
+    def publish(self, stats: dict[str, object]) -> None:
+        from datetime import datetime
+
+        for key, metric in self.gauges.items():
+            value = stats[key]
+            if key == "Timestamp":
+                value = round(datetime.strptime(str(value), TIMESTAMP_FORMAT).timestamp() * 1e6)
+            metric.set(float(value))
+
+    def observe(self, prompt_tokens: int, output_tokens: int) -> None:
+        self.histograms["prompt"].observe(prompt_tokens)
+        self.histograms["output"].observe(output_tokens)

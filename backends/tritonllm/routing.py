@@ -131,7 +131,7 @@ def route_outputs(route: Route) -> dict[str, np.ndarray]:
 
 def refusal_outputs(config: RouterConfig, route: Route) -> dict[str, np.ndarray]:
     """The whole answer to a refused request: the fixed message (one response, streamed or not)."""
-    return {"text_output": np.array([[config.refusal_message.encode("utf-8")]], dtype=object),
+    return {"text_output": np.array([config.refusal_message.encode("utf-8")], dtype=object),
             **route_outputs(route)}
 
 

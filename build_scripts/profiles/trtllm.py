@@ -38,7 +38,8 @@ if str(REPO / "backends") not in sys.path:
 
 from tritonllm import contract as C  # noqa: E402
 
-NON_NVIDIA_OUTPUTS = frozenset({"request_key", "is_final"})
+NON_NVIDIA_OUTPUTS = frozenset(t.name for t in C.TENSORRT_LLM_OUTPUTS if not t.nvidia)
+NON_NVIDIA_INPUTS = frozenset(t.name for t in C.TENSORRT_LLM_INPUTS if not t.nvidia)
 BACKEND = "tensorrtllm"
 DEFAULTS = {
     "engine_dir": "model_repository/tensorrt_llm/1",
@@ -117,12 +118,13 @@ def tensorrt_llm_config(deployment: dict, s: dict) -> mc.ModelConfig:
     llm = deployment["llm"]
     mbs = int(llm["max_batch_size"])
     cfg = mc.ModelConfig(name=C.TENSORRT_LLM, backend=BACKEND, max_batch_size=mbs)
-    cfg.model_transaction_policy.decoupled = True  # streaming (the ensemble's `stream`) needs it
+    # NVIDIA's decoupled_mode: streaming (the ensemble's `stream`) needs it; unary clients need it off.
+    cfg.model_transaction_policy.decoupled = bool(llm.get("decoupled_mode", True))
     cfg.dynamic_batching.preferred_batch_size.append(mbs)
     cfg.dynamic_batching.max_queue_delay_microseconds = int(llm.get("max_queue_delay_microseconds", 0))
     if s["max_queue_size"]:
         cfg.dynamic_batching.default_queue_policy.max_queue_size = int(s["max_queue_size"])
-    cfg.input.extend(_tensor(t, mc.ModelInput) for t in C.TENSORRT_LLM_INPUTS)
+    cfg.input.extend(_tensor(t, mc.ModelInput) for t in C.TENSORRT_LLM_INPUTS if t.name not in NON_NVIDIA_INPUTS)
     cfg.output.extend(_tensor(t, mc.ModelOutput) for t in C.TENSORRT_LLM_OUTPUTS
                       if t.name not in NON_NVIDIA_OUTPUTS)
     cfg.instance_group.add(count=int(s["instance_count"]), kind=mc.ModelInstanceGroup.KIND_CPU)
@@ -160,6 +162,8 @@ def ensemble_config(deployment: dict) -> mc.ModelConfig:
     for model_name, input_map, output_map in _nvidia_steps():
         out = {k: v for k, v in output_map.items()
                if not (model_name == C.TENSORRT_LLM and k in NON_NVIDIA_OUTPUTS)}
+        if model_name == C.TENSORRT_LLM:
+            input_map = {k: v for k, v in input_map.items() if k not in NON_NVIDIA_INPUTS}
         dropped |= set(output_map.values()) - set(out.values())
         inp = {}
         for k, v in input_map.items():
@@ -180,7 +184,14 @@ def ensemble_config(deployment: dict) -> mc.ModelConfig:
     return cfg
 
 
-def render(deployment: dict, settings: dict, repo: Path) -> dict[str, mc.ModelConfig]:
+def postprocessing_config(default: mc.ModelConfig) -> mc.ModelConfig:
+    """The default postprocessing, keying stream state by request id: NVIDIA's backend sends no REQUEST_KEY."""
+    default.parameters["key_by_request_id"].string_value = "true"
+    return default
+
+
+def render(deployment: dict, settings: dict, repo: Path, defaults: dict) -> dict[str, mc.ModelConfig]:
     """Model name -> config for the models this profile overrides (the renderer's profile hook)."""
     s = settings_with_defaults(settings)
-    return {C.TENSORRT_LLM: tensorrt_llm_config(deployment, s), C.ENSEMBLE: ensemble_config(deployment)}
+    return {C.TENSORRT_LLM: tensorrt_llm_config(deployment, s), C.ENSEMBLE: ensemble_config(deployment),
+            C.POSTPROCESSING: postprocessing_config(defaults[C.POSTPROCESSING])}

@@ -89,7 +89,7 @@ class Outcome:
         if chunk.num_input_tokens is not None:
             self.prompt_tokens = chunk.num_input_tokens
         if chunk.num_output_tokens is not None:
-            self.completion_tokens = max(self.completion_tokens or 0, chunk.num_output_tokens)
+            self.completion_tokens = (self.completion_tokens or 0) + chunk.num_output_tokens  # per response
 
     def usage(self, tools: TextTools, prompt: str) -> dict[str, int]:
         p = self.prompt_tokens if self.prompt_tokens is not None else tools.count(prompt, prompt=True)

@@ -27,7 +27,7 @@ from clients.triton_llm import Chunk, GenerationParams, chunk_from, grpc_inputs
 
 MODEL_CHECK_S = 5.0
 
-_UNAVAILABLE = re.compile(r"queue limit|queue is full|shutting down|unavailable|not ready|overloaded", re.I)
+_UNAVAILABLE = re.compile(r"queue size|queue limit|queue is full|shutting down|unavailable|not ready|overloaded", re.I)
 _NOT_FOUND = re.compile(r"unknown model|model .* (is not found|not found)|failed to find model", re.I)
 _INTERNAL = re.compile(r"internal error", re.I)
 _GRPC_HTTP = {"UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "NOT_FOUND": 404, "INVALID_ARGUMENT": 400,

@@ -40,7 +40,7 @@ def _responses(ids, rng, *, logprobs=True):
         r = {"output_ids": np.array(chunk, dtype=np.int32).reshape(1, 1, -1),
              "sequence_length": np.array([[len(chunk)]], dtype=np.int32),
              "cum_log_probs": np.array([[-float(i)]], dtype=np.float32),
-             "num_output_tokens": np.array([[i]], dtype=np.int32)}
+             "num_output_tokens": np.array([[len(chunk)]], dtype=np.int32)}  # NVIDIA's: this response's
         if logprobs:
             r["output_log_probs"] = -np.arange(i - len(chunk), i, dtype=np.float32).reshape(1, 1, -1)
         yield r
@@ -93,16 +93,36 @@ def test_stop_string_inside_a_token_and_never_matching(tok):
     assert chunks[-1].text == full
 
 
-def test_log_probs_cover_every_token_once_and_counts_are_latest(tok):
+def test_log_probs_and_token_counts_cover_every_token_once(tok):
     ids = tok.encode("café naïve résumé — déjà vu!", add_special_tokens=False)
     for stream in (True, False):
         _, chunks = _run(tok, B.parse_request(_client(stream=np.array([[stream]]))), ids, seed=1)
         lp = np.concatenate([c.outputs["output_log_probs"].reshape(-1) for c in chunks if "output_log_probs" in c.outputs])
         assert lp.tolist() == (-np.arange(len(ids), dtype=np.float32)).tolist()
         counts = [int(c.outputs["num_output_tokens"].reshape(-1)[0]) for c in chunks if "num_output_tokens" in c.outputs]
-        assert counts == sorted(counts) and counts[-1] == len(ids)
-        arrays = chunks[-1].arrays()
-        assert arrays["text_output"].shape == (1, 1) and arrays["text_output"].dtype == object
+        assert sum(counts) == len(ids) and (stream or len(counts) == 1)
+        arrays = chunks[-1].arrays()  # NVIDIA's flat text_output: [beams] per response
+        assert arrays["text_output"].shape == (1,) and arrays["text_output"].dtype == object
+        assert "batch_index" not in arrays
+
+
+def test_a_non_streamed_answer_with_the_prompt_counts_its_tokens_too(tok):
+    prompt = tok.encode("hello world", add_special_tokens=False)
+    ids = tok.encode(" the quick fox", add_special_tokens=False)
+    req = B.parse_request(_client(exclude_input_in_output=np.array([[False]])))
+    _, chunks = _run(tok, req, ids, prompt=prompt)
+    assert int(chunks[-1].outputs["num_output_tokens"].reshape(-1)[0]) == len(prompt) + len(ids)
+
+
+def test_a_batch_splits_into_rows_and_refuses_mismatched_batch_sizes(tok):
+    arrays = {"text_input": np.array([[b"a"], [b"b"], [b"c"]], dtype=object),
+              "max_tokens": np.array([[4], [5], [6]], dtype=np.int32)}
+    rows = B.split_rows(arrays)
+    assert [r["text_input"].tolist() for r in rows] == [[[b"a"]], [[b"b"]], [[b"c"]]]
+    assert [B.parse_request(r, i).max_tokens for i, r in enumerate(rows)] == [4, 5, 6]
+    assert B.Chunk("x", batch_index=2).arrays()["batch_index"].tolist() == [[2]]
+    with pytest.raises(InvalidInput, match="max_tokens must have batch size 3"):
+        B.split_rows({**arrays, "max_tokens": np.array([[4]], dtype=np.int32)})
 
 
 def test_prompt_is_prefixed_only_when_not_excluded_and_not_streaming(tok):

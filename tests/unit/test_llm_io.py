@@ -1,28 +1,36 @@
-"""The tensorrt_llm tensor contract parsing (no server)."""
+"""The tensorrt_llm tensor contract parsing and response arrays (no server)."""
 import numpy as np
 import pytest
 
-from tritonllm.engine.request import InvalidRequest
-from tritonllm.llm_io import decode_word_list, engine_config_from_parameters, parse_request, response_arrays
+from tritonllm import contract as C
+from tritonllm.engine.request import InvalidRequest, RequestMetrics
+from tritonllm.llm_io import (OutputFlags, decode_word_list, engine_config_from_parameters, parse_request,
+                              response_arrays, stack_rows, wants_ensemble_names)
 
 
 def _req(**kw):
     base = {"input_ids": np.array([[5, 6, 7, 0]], np.int32), "input_lengths": np.array([[3]], np.int32),
             "request_output_len": np.array([[4]], np.int32)}
     base.update(kw)
-    return base
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def _one(**kw):
+    batch = parse_request(_req(**kw), True)
+    assert not batch.stop and len(batch.rows) == 1
+    return batch.rows[0]
 
 
 def test_parse_defaults_and_lengths():
-    p = parse_request(_req(), default_exclude_input=True)
+    p = _one()
     assert p.prompt_ids == [5, 6, 7] and p.params.max_tokens == 4 and p.params.greedy
-    assert p.exclude_input and not p.streaming and not p.stop
+    assert p.exclude_input and not p.streaming and p.flags == OutputFlags()
 
 
 def test_parse_sampling_fields():
-    p = parse_request(_req(temperature=np.array([[0.7]], np.float32), runtime_top_k=np.array([[40]], np.int32),
-                           runtime_top_p=np.array([[0.9]], np.float32), seed=np.array([[7]], np.uint64),
-                           streaming=np.array([[True]]), end_id=np.array([[2]], np.int32)), True)
+    p = _one(temperature=np.array([[0.7]], np.float32), runtime_top_k=np.array([[40]], np.int32),
+             runtime_top_p=np.array([[0.9]], np.float32), seed=np.array([[7]], np.uint64),
+             streaming=np.array([[True]]), end_id=np.array([[2]], np.int32))
     assert p.params.top_k == 40 and abs(p.params.top_p - 0.9) < 1e-6 and p.params.seed == 7
     assert p.streaming and p.params.end_id == 2 and not p.params.greedy
 
@@ -39,26 +47,79 @@ def test_word_list_roundtrip_and_errors():
 @pytest.mark.parametrize("kw,needle", [
     ({"input_ids": None}, "input_ids is required"),
     ({"request_output_len": None}, "request_output_len is required"),
+    ({"input_lengths": None}, "input_lengths is required"),
     ({"input_ids": np.array([[1.0, 2.0]], np.float32)}, "input_ids must be int32"),
     ({"beam_width": np.array([[4]], np.int32)}, "beam_width"),
-    ({"input_lengths": np.array([[9]], np.int32)}, "input_lengths"),
+    ({"input_lengths": np.array([[9]], np.int32)}, "input_lengths 9 does not fit input_ids of length 4$"),
     ({"temperature": np.array([[1.0, 2.0]], np.float32)}, "temperature must hold exactly one"),
+    ({"runtime_top_p_decay": np.array([[0.5]], np.float32)}, "runtime_top_p_decay 0.5 is not supported"),
+    ({"guided_decoding_guide": np.array([[1]], np.int32)}, "guided_decoding_guide must be BYTES"),
 ])
 def test_parse_errors_name_the_input(kw, needle):
-    req = {k: v for k, v in _req(**kw).items() if v is not None}
     with pytest.raises(InvalidRequest, match=needle):
-        parse_request(req, True)
+        parse_request(_req(**kw), True)
 
 
-def test_stop_only_request():
-    p = parse_request({"stop": np.array([[True]])}, True)
-    assert p.stop
+def test_a_stop_request_ignores_every_other_input():
+    """NVIDIA's client: input_ids of np.empty garbage, input_lengths 0, request_output_len 0."""
+    stop = {"input_ids": np.empty([1, 1], np.int32), "input_lengths": np.zeros([1, 1], np.int32),
+            "request_output_len": np.array([[0]], np.int32), "stop": np.array([[True]])}
+    assert parse_request(stop, True).stop
+    assert parse_request({"stop": np.array([[True]])}, True).stop
+    assert not parse_request(_req(stop=np.array([[False]])), True).stop
 
 
-def test_response_shapes():
-    a = response_arrays([1, 2, 3], [-0.1, -0.2, -0.3], -0.6, 5, 3)
+def test_a_batch_is_one_row_per_item_and_errors_name_the_item():
+    batch = parse_request(_req(input_ids=np.array([[5, 6, 7], [8, 9, 0]], np.int32),
+                               input_lengths=np.array([[3], [2]], np.int32),
+                               request_output_len=np.array([[4], [6]], np.int32),
+                               streaming=np.array([[True], [False]])), True)
+    assert [r.prompt_ids for r in batch.rows] == [[5, 6, 7], [8, 9]]
+    assert [r.params.max_tokens for r in batch.rows] == [4, 6] and [r.streaming for r in batch.rows] == [True, False]
+    with pytest.raises(InvalidRequest, match="request_output_len must have batch size 2"):
+        parse_request(_req(input_ids=np.array([[5], [6]], np.int32), input_lengths=np.array([[1], [1]], np.int32)), True)
+    with pytest.raises(InvalidRequest, match="^batch item 1: input_lengths 5"):
+        parse_request(_req(input_ids=np.array([[5], [6]], np.int32), input_lengths=np.array([[1], [5]], np.int32),
+                           request_output_len=np.array([[2], [2]], np.int32)), True)
+
+
+def test_decoder_inputs_are_accepted_and_ignored():
+    p = _one(decoder_input_ids=np.array([[3]], np.int32), decoder_input_lengths=np.array([[1]], np.int32))
+    assert p.prompt_ids == [5, 6, 7]
+
+
+def test_ensemble_names_marker():
+    assert wants_ensemble_names({"ensemble_names": np.array([[True]])})
+    assert not wants_ensemble_names({}) and not wants_ensemble_names({"ensemble_names": np.array([[False]])})
+
+
+def test_outputs_appear_only_when_asked_for():
+    a = response_arrays([1, 2, 3], [-0.1, -0.2, -0.3], -0.6, 5, OutputFlags())
+    assert list(a)[:2] == ["output_ids", "sequence_length"]  # first: NVIDIA's benchmark reads outputs[0]
     assert a["output_ids"].shape == (1, 1, 3) and a["sequence_length"].tolist() == [[3]]
-    assert a["output_log_probs"].shape == (1, 1, 3) and a["num_input_tokens"].tolist() == [[5]]
+    assert set(a) == {"output_ids", "sequence_length", "request_key", "is_final"}
+    flags = OutputFlags(log_probs=True, num_input_tokens=True, num_output_tokens=True, perf_metrics=True)
+    m = RequestMetrics(arrival_ns=10, first_scheduled_ns=11, first_token_ns=12, last_token_ns=13,
+                       kv_alloc_total_blocks=4, kv_alloc_new_blocks=3, kv_reused_blocks=2, draft_tokens=8,
+                       accepted_draft_tokens=6)
+    a = response_arrays([1, 2, 3], [-0.1, -0.2, -0.3], -0.6, 5, flags, m, batch_index=2)
+    assert a["output_log_probs"].shape == (1, 1, 3) and a["cum_log_probs"].shape == (1, 1)
+    assert a["num_input_tokens"].tolist() == [[5]] and a["num_output_tokens"].tolist() == [[3]]
+    assert a["batch_index"].tolist() == [[2]]
+    perf = {t.name: t for t in C.PERF_OUTPUTS}
+    for name, t in perf.items():
+        assert a[name].shape == (1, 1) and a[name].dtype == np.dtype(C.numpy_dtype(t.dtype)), name
+    assert (a["kv_cache_alloc_total_blocks"][0, 0], a["kv_cache_alloc_new_blocks"][0, 0], a["kv_cache_reused_blocks"][0, 0]) == (4, 3, 2)
+    assert a["arrival_time_ns"][0, 0] == 10 and a["last_token_time_ns"][0, 0] == 13
+    assert a["acceptance_rate"][0, 0] == pytest.approx(0.75) and a["total_draft_tokens"][0, 0] == 8
+
+
+def test_stacked_rows_pad_ragged_tokens_with_minus_one():
+    flags = OutputFlags(log_probs=True)
+    rows = [response_arrays([1, 2, 3], [-1.0] * 3, -3.0, 2, flags), response_arrays([4], [-2.0], -2.0, 2, flags)]
+    out = stack_rows(rows)
+    assert out["output_ids"].tolist() == [[[1, 2, 3]], [[4, -1, -1]]]
+    assert out["sequence_length"].tolist() == [[3], [1]] and out["output_log_probs"].shape == (2, 1, 3)
 
 
 def test_engine_config_from_parameters():
@@ -75,8 +136,8 @@ def test_speculative_modes_and_lora_inputs():
     for mode, want in (("prompt_lookup", 4), ("draft_model", 4), ("draft_tokens_external", 4), ("none", 0)):
         cfg, _ = engine_config_from_parameters({"speculative_decoding_mode": mode, "max_draft_len": "4"})
         assert cfg.max_draft_len == want, mode
-    assert parse_request(_req(lora_task_id=np.array([[3]], np.uint64)), True).params.lora_task_id == 3
-    assert parse_request(_req(), True).params.lora_task_id is None
+    assert _one(lora_task_id=np.array([[3]], np.uint64)).params.lora_task_id == 3
+    assert _one().params.lora_task_id is None
     with pytest.raises(InvalidRequest, match="lora_task_id must be uint64"):
         parse_request(_req(lora_task_id=np.array([[3]], np.int32)), True)
     with pytest.raises(InvalidRequest, match="lora_weights: in-request LoRA weights are not supported"):

@@ -69,7 +69,7 @@ def test_unsupported_options_are_refused_not_ignored():
 @pytest.mark.parametrize("message,grpc_status,status", [
     ("in ensemble 'ensemble', guided_decoding_guide_type is not supported yet by this engine", None, 400),
     ("input length 2 + max_tokens 100000 exceeds max_seq_len 2048", None, 400),
-    ("257 requests in flight; queue limit reached", None, 503),
+    ("Maximum queue size of 256 has been reached, please try again later (Exceeds maximum queue size: 272 requests in flight, 16 running at most)", None, 503),
     ("the engine is shutting down", None, 503),
     ("internal error: boom", None, 500),
     ("Request for unknown model: 'x' is not found", None, 404),
@@ -82,7 +82,7 @@ def test_triton_errors_map_to_http_statuses(message, grpc_status, status):
 
 def test_usage_and_finish_reason_from_the_engine_counts():
     o = Outcome()
-    for c in (Chunk(" a", 5, 1, [-0.5]), Chunk(" b", 5, 2, [-0.25]), Chunk("", 5, 2, [])):
+    for c in (Chunk(" a", 5, 1, [-0.5]), Chunk(" b", 5, 1, [-0.25]), Chunk("", 5, 0, [])):  # per response
         o.add(c)
     assert o.text == " a b" and o.log_probs == [-0.5, -0.25]
     assert o.usage(TextTools(None), "ignored") == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}

@@ -137,12 +137,37 @@ def test_cross_check_catches_unknown_tensor_and_unmapped_required_input(configs)
     assert any("'_NEVER_PRODUCED'" in e for e in errors), errors
 
 
-def test_cross_check_catches_streaming_without_decoupled(configs):
-    def mutate(c):
-        c[C.TENSORRT_LLM].model_transaction_policy.decoupled = False
-    errors = _errors_after(configs, mutate)
-    assert any(e.startswith("tensorrt_llm:") and "not decoupled" in e for e in errors), errors
-    assert any(e.startswith("ensemble:") and "no decoupled step" in e for e in errors), errors
+def test_decoupled_mode_sets_tensorrt_llm_and_the_bls_and_nothing_else(deployment):
+    """NVIDIA's decoupled_mode: a unary pipeline keeps its streaming inputs and still cross-checks."""
+    unary = copy.deepcopy(deployment)
+    unary["llm"]["decoupled_mode"] = False
+    configs = rc.render_default(unary, ROOT)
+    assert not rc.check_pipeline(configs)
+    for name, cfg in configs.items():
+        expected = name in (C.ROUTER, C.MODERATED)  # the routers keep their own setting
+        assert cfg.model_transaction_policy.decoupled == expected, name
+    assert "streaming" in {t.name for t in configs[C.TENSORRT_LLM].input}
+    default = rc.render_default(deployment, ROOT)
+    assert all(default[n].model_transaction_policy.decoupled for n in C.DECOUPLED_MODE_MODELS)
+    unary["llm"]["decoupled_mode"] = "yes"
+    with pytest.raises(rc.DeploymentError, match="decoupled_mode"):
+        rc.validate(unary)
+    per_model = copy.deepcopy(deployment)
+    per_model["models"][C.BLS]["decoupled"] = False
+    with pytest.raises(rc.DeploymentError, match="set llm.decoupled_mode instead"):
+        rc.validate(per_model)
+
+
+def test_unary_profile_flips_only_the_decoupled_mode_models(deployment):
+    files = rc.render_files(deployment, ROOT)
+    unary = {p.split("/")[-3]: text_format.Parse(t, mc.ModelConfig()) for p, t in files.items()
+             if p.endswith("configs/unary.pbtxt")}
+    assert set(unary) == set(C.DECOUPLED_MODE_MODELS)
+    default = rc.render_default(deployment, ROOT)
+    for name, cfg in unary.items():
+        assert not cfg.model_transaction_policy.decoupled
+        cfg.model_transaction_policy.decoupled = True
+        assert cfg == default[name], name  # nothing else differs
 
 
 def test_cross_check_catches_batch_size_and_placeholder(configs):
@@ -187,12 +212,11 @@ def test_unknown_profile_is_refused(deployment):
 def test_profile_hook_writes_configs_folder_and_is_cross_checked(deployment, tmp_path, monkeypatch):
     (tmp_path / "gpu.py").write_text(
         "import copy\n"
-        "def render(deployment, settings, repo):\n"
-        "    import render_configs as rc\n"
-        "    cfg = rc.render_default(deployment, repo)['tensorrt_llm']\n"
+        "def render(deployment, settings, repo, defaults):\n"
+        "    cfg = defaults['tensorrt_llm']\n"
         "    cfg.backend = settings['backend']\n"
-        "    if settings.get('break_streaming'):\n"
-        "        cfg.model_transaction_policy.decoupled = False\n"
+        "    if settings.get('break_wiring'):\n"
+        "        del cfg.output[0]\n"
         "    return {'tensorrt_llm': cfg}\n")
     monkeypatch.setattr(rc, "PROFILES", rc.discover_profiles(tmp_path))
     with_profile = copy.deepcopy(deployment)
@@ -202,7 +226,7 @@ def test_profile_hook_writes_configs_folder_and_is_cross_checked(deployment, tmp
     gpu = text_format.Parse(files["model_repository/tensorrt_llm/configs/gpu.pbtxt"], mc.ModelConfig())
     assert gpu.backend == "tensorrtllm"
     assert not any(p.startswith("model_repository/preprocessing/configs/") for p in files)
-    with_profile["profiles"]["gpu"]["break_streaming"] = True
+    with_profile["profiles"]["gpu"]["break_wiring"] = True
     with pytest.raises(rc.DeploymentError, match="cross-check failed for 'gpu'"):
         rc.render_files(with_profile, ROOT)
 

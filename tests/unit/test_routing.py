@@ -91,7 +91,7 @@ def test_route_and_refusal_outputs_are_batch_one_tensors():
     route = R.decide(cfg, verdict("unsafe"))
     out = R.refusal_outputs(cfg, route)
     assert set(out) == {"text_output", "route", "moderation_label", "moderation_probabilities"}
-    assert out["text_output"][0, 0].decode("utf-8") == "Nope \u2014 no."
+    assert out["text_output"].shape == (1,) and out["text_output"][0].decode("utf-8") == "Nope \u2014 no."
     assert out["route"].tolist() == [[b"refused"]] and out["moderation_label"].tolist() == [[b"unsafe"]]
     assert out["moderation_probabilities"].dtype == np.float32 and out["moderation_probabilities"].shape == (1, 3)
     declared = {t.name for t in C.MODEL_TENSORS[C.ROUTER][1]}

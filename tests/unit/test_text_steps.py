@@ -85,13 +85,14 @@ def _chunk_inputs(ids, **extra):
 
 
 def _text(out):
-    return out["OUTPUT"][0, 0].decode("utf-8")
+    assert out["OUTPUT"].ndim == 1  # NVIDIA's flat [batch * beams]
+    return out["OUTPUT"][0].decode("utf-8")
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_streamed_chunks_by_request_id_are_exact(name):
     hf = ALL[name]()
-    post = Postprocessor(hf)
+    post = Postprocessor(hf, key_by_request_id=True)  # the GPU profile: no REQUEST_KEY from the engine
     rng = random.Random(0)
     for i, s in enumerate(SAMPLES):
         ids = hf.encode(s, add_special_tokens=False) + [hf.eos_token_id]
@@ -116,6 +117,16 @@ def test_request_key_beats_duplicate_request_ids():
     assert "".join(out[1]) == hf.decode(a) and "".join(out[2]) == hf.decode(b)
 
 
+def test_without_key_by_request_id_a_reused_id_never_continues_an_earlier_sequence():
+    """NVIDIA's end_to_end_test.py calls postprocessing directly under ids "0", "1", ... on every run."""
+    hf = ALL["byte_level"]()
+    post = Postprocessor(hf)
+    for text in ("hello world", "a different answer"):
+        ids = hf.encode(text, add_special_tokens=False)
+        assert _text(post.run(_chunk_inputs(ids), request_id="0")) == hf.decode(ids)
+    assert len(post.registry) == 0
+
+
 def test_whole_sequence_without_key_is_exact():
     hf = ALL["llama_fallback"]()
     ids = hf.encode("ab 😀", add_special_tokens=False)[:-1]  # ends inside the emoji
@@ -131,9 +142,9 @@ def test_postprocess_shapes_beams_and_pass_through():
     cum = np.array([[-1.0, -2.0]], np.float32)
     out = post.run({"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": np.array([[len(ids), 2]], np.int32),
                     "CUM_LOG_PROBS": cum}, request_id="beams")
-    assert out["OUTPUT"].shape == (1, 2)
-    assert out["OUTPUT"][0, 0].decode() == hf.decode(ids)
-    assert out["OUTPUT"][0, 1].decode() == hf.decode(ids[::-1][:2])
+    assert out["OUTPUT"].shape == (2,)  # flat, batch-major, as NVIDIA's postprocessing returns it
+    assert out["OUTPUT"][0].decode() == hf.decode(ids)
+    assert out["OUTPUT"][1].decode() == hf.decode(ids[::-1][:2])
     assert out["OUT_CUM_LOG_PROBS"] is cum or np.array_equal(out["OUT_CUM_LOG_PROBS"], cum)
     assert len(post.registry) == 0  # beams are decoded statelessly
 
@@ -154,7 +165,7 @@ def test_keyed_without_is_final_shows_complete_byte_runs():
     """No end signal (e.g. the real TensorRT-LLM backend): text made of byte-fallback tokens that is
     valid UTF-8 is shown at once, so a whole response sent under a request id is not kept back."""
     hf = ALL["llama_fallback"]()
-    post = Postprocessor(hf)
+    post = Postprocessor(hf, key_by_request_id=True)
     ids = hf.encode("中文测试 fox", add_special_tokens=False)
     assert hf.convert_ids_to_tokens(ids)[-1].startswith("<0x")  # ends in a byte token
     assert _text(post.run(_chunk_inputs(ids), request_id="whole")) == hf.decode(ids)

@@ -76,7 +76,9 @@ def test_tensorrt_llm_gpu_config_is_nvidias(deployment, files):
 def test_gpu_tensors_equal_the_default_ones_minus_engine_only_outputs(deployment, files):
     gpu = parse(files[GPU_FILES[0]])
     cpu = rc.render_default(deployment, ROOT)[C.TENSORRT_LLM]
-    assert list(gpu.input) == list(cpu.input)  # same tensor mapping as render_configs.tensor_msg
+    # same tensor mapping as render_configs.tensor_msg, minus our marker input
+    assert list(gpu.input) == [t for t in cpu.input if t.name not in trtllm.NON_NVIDIA_INPUTS]
+    assert trtllm.NON_NVIDIA_INPUTS == {"ensemble_names"}
     assert list(gpu.output) == [t for t in cpu.output if t.name not in trtllm.NON_NVIDIA_OUTPUTS]
     assert not {t.name for t in gpu.output} & {"request_key", "is_final"}
     if hasattr(C, "NVIDIA_TENSORRT_LLM_OUTPUTS"):
@@ -91,8 +93,9 @@ def test_gpu_ensemble_has_no_mapping_of_engine_only_outputs(deployment, files):
         assert not set(step.output_map) & trtllm.NON_NVIDIA_OUTPUTS
         assert not any(v.lstrip("_").lower() in trtllm.NON_NVIDIA_OUTPUTS for v in step.input_map.values())
     # Everything else is the default wiring, unchanged.
+    ours = {t.name for tensors in C.MODEL_TENSORS.values() for group in tensors for t in group if not t.nvidia}
     for gpu_step, cpu_step in zip(ens.ensemble_scheduling.step, default.ensemble_scheduling.step):
-        cpu_out = {k: v for k, v in cpu_step.output_map.items() if k not in trtllm.NON_NVIDIA_OUTPUTS}
+        cpu_out = {k: v for k, v in cpu_step.output_map.items() if k not in ours}
         assert dict(gpu_step.output_map) == cpu_out
         assert set(gpu_step.input_map.items()) <= set(cpu_step.input_map.items())
     assert list(ens.input) == list(default.input) and list(ens.output) == list(default.output)

@@ -4,11 +4,11 @@ Single-threaded by design: only the owner thread (see runner.py) calls add/abort
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +22,7 @@ from .request import InvalidRequest, Request, RequestOutput, SamplingParams
 from .sampler import sample
 from .speculative import propose_ngram, verify_greedy, verify_sampled
 from .scheduler import Scheduler
+from .stats import EngineStats, IterationStats
 
 
 def _available_memory(device: torch.device) -> int:
@@ -32,20 +33,6 @@ def _available_memory(device: torch.device) -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 4 << 30
-
-
-@dataclass
-class EngineStats:
-    """Monotonic counters since start (read by the metrics exporter; written by the engine thread)."""
-
-    prompt_tokens: int = 0          # prompt tokens of admitted requests
-    generation_tokens: int = 0      # visible generated tokens
-    preemptions: int = 0
-    busy_seconds: float = 0.0       # wall time spent inside step()
-    prefix_hit_tokens: int = 0      # prompt tokens whose KV came from the prefix cache
-    prefix_query_tokens: int = 0    # prompt tokens looked up in the prefix cache
-    draft_tokens: int = 0           # speculative tokens proposed
-    accepted_draft_tokens: int = 0  # of which accepted by the target model
 
 
 class LLMEngine:
@@ -88,6 +75,8 @@ class LLMEngine:
             self.drafter = DraftModel(draft, spec.vocab_size, num_blocks + extra, bs)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
+        self.last_step = IterationStats(free_blocks=num_blocks)
+        self._step_stats: IterationStats | None = None  # the running step's, until it has finished
         self._grammar = None
         self._grammar_lock = threading.Lock()
         self._model_dir = model_dir
@@ -175,7 +164,7 @@ class LLMEngine:
             return None
         self._drop(req)
         return RequestOutput(request_id, [], [], True, "abort", req.num_prompt, req.num_emitted,
-                             req.cum_logprob)
+                             req.cum_logprob, metrics=dataclasses.replace(req.metrics))
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -200,6 +189,9 @@ class LLMEngine:
             return self._step()
         finally:
             self.stats.busy_seconds += time.monotonic() - t0
+            if self._step_stats is not None:
+                self.last_step = dataclasses.replace(self._step_stats, free_blocks=self.pool.num_free)
+                self._step_stats = None
 
     def _step(self) -> list[RequestOutput]:
         if self.config.max_draft_len:
@@ -208,6 +200,7 @@ class LLMEngine:
         self.stats.preemptions += len(sched.preempted)
         if not sched.items:
             return []
+        self._count_step(sched)
         sampling, rows, meta, ids, pos = self._prepare(sched.items)
         logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
         speculating = [req for req, _ in sched.items if req.draft]
@@ -233,6 +226,17 @@ class LLMEngine:
             outputs.extend(self._accept(req, logits[row:row + k + 1]))
             row += k + 1
         return outputs
+
+    def _count_step(self, sched) -> None:
+        context = [(req, n) for req, n in sched.items if req.num_computed < req.num_prompt]
+        self.stats.iterations += 1
+        self.stats.reused_blocks = self.scheduler.reused_blocks
+        self._step_stats = IterationStats(
+            iteration=self.stats.iterations, active_requests=len(self.requests),
+            scheduled_requests=len(sched.items),
+            context_requests=len(context), generation_requests=len(sched.items) - len(context),
+            context_tokens=sum(min(n, req.num_prompt - req.num_computed) for req, n in context),
+            paused_requests=len(sched.preempted))
 
     def _register(self, req: Request) -> None:
         if self.config.enable_prefix_caching and req.block_table:
@@ -270,6 +274,8 @@ class LLMEngine:
             new, lps = verify_sampled(logits, draft, req.params, req.generator)
         self.stats.draft_tokens += len(draft)
         self.stats.accepted_draft_tokens += len(new) - 1
+        req.metrics.draft_tokens += len(draft)
+        req.metrics.accepted_draft_tokens += len(new) - 1
         if self.drafter is not None:
             self.drafter.accepted(req.request_id, len(new) - 1)
         req.num_computed += len(new)        # the last token + accepted drafts now have valid KV
@@ -345,6 +351,9 @@ class LLMEngine:
         """
         p = req.params
         reason = None
+        req.metrics.last_token_ns = time.monotonic_ns()
+        if not req.metrics.first_token_ns:
+            req.metrics.first_token_ns = req.metrics.last_token_ns
         if tok in self._end_ids(req) and req.num_output >= p.min_tokens:
             reason = "stop"
         else:
@@ -367,5 +376,5 @@ class LLMEngine:
             req.finish_reason = reason
             self._drop(req)
         return RequestOutput(req.request_id, new, new_lp, reason is not None, reason, req.num_prompt,
-                             req.num_emitted, req.cum_logprob)
+                             req.num_emitted, req.cum_logprob, metrics=dataclasses.replace(req.metrics))
 

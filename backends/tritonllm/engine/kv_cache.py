@@ -10,6 +10,8 @@ hash of its tokens chained with the hashes of all blocks before it. A released b
 it sits in the free list, ordered least recently used first; allocation takes the LRU block and evicts its
 hash, and a prefix hit takes a cached block back out of the free list (ref count 0 -> 1) or shares it
 (ref count + 1). A block is in ``_cached`` iff ``_hash_of`` has it, and a hash maps to one block.
+``num_alloc_total`` / ``num_alloc_new`` count allocated blocks since start, the latter those that held no
+cached prefix (TensorRT-LLM's allocTotalBlocks / allocNewBlocks).
 """
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._cached: dict[int, int] = {}     # hash -> block
         self._hash_of: dict[int, int] = {}    # block -> hash
+        self.num_alloc_total = 0
+        self.num_alloc_new = 0
 
     @property
     def num_free(self) -> int:
@@ -68,8 +72,11 @@ class BlockPool:
             h = self._hash_of.pop(b, None)
             if h is not None:
                 del self._cached[h]
+            else:
+                self.num_alloc_new += 1
             self._refs[b] = 1
             out.append(b)
+        self.num_alloc_total += n
         return out
 
     def release(self, blocks: list[int]) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,29 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
 
+@dataclass
+class RequestMetrics:
+    """TensorRT-LLM's per-request perf metrics (``return_perf_metrics``). Times are ``time.monotonic_ns()``,
+    as TensorRT-LLM's are steady-clock nanoseconds; 0 = not yet. Block counts cover the context (the
+    prompt, and after a preemption everything recomputed), as TensorRT-LLM counts them when a sequence
+    is added to its KV cache: ``kv_alloc_total_blocks`` blocks were taken from the free list, of which
+    ``kv_alloc_new_blocks`` held no cached prefix; ``kv_reused_blocks`` came from the prefix cache."""
+
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
+    first_scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    kv_alloc_total_blocks: int = 0
+    kv_alloc_new_blocks: int = 0
+    kv_reused_blocks: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -78,6 +102,7 @@ class Request:
     generator: torch.Generator | None = None
     draft: list[int] = field(default_factory=list)  # speculative tokens scored this step (not yet accepted)
     matcher: object | None = None        # grammar state when the request is guided
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -109,3 +134,4 @@ class RequestOutput:
     num_output_tokens: int = 0           # total visible generated tokens so far
     cum_logprob: float = 0.0
     error: str | None = None
+    metrics: RequestMetrics | None = None  # a copy taken when this output was made

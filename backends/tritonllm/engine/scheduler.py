@@ -9,6 +9,7 @@ Idea after vLLM v1's scheduler; see vllm/v1/core/sched/scheduler.py.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.prefix_hits = 0      # prompt tokens reused from the prefix cache (first admissions)
         self.prefix_queries = 0   # prompt tokens looked up
+        self.reused_blocks = 0    # blocks taken from the prefix cache (every admission)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -42,11 +44,15 @@ class Scheduler:
         need = -(-num_tokens // self.config.block_size) - len(req.block_table)
         if need <= 0:
             return True
+        total, new = self.pool.num_alloc_total, self.pool.num_alloc_new
         try:
             req.block_table.extend(self.pool.allocate(need))
-            return True
         except NoFreeBlocks:
             return False
+        if req.num_computed < req.num_prompt:  # context blocks (see RequestMetrics)
+            req.metrics.kv_alloc_total_blocks += self.pool.num_alloc_total - total
+            req.metrics.kv_alloc_new_blocks += self.pool.num_alloc_new - new
+        return True
 
     def free(self, req: Request) -> None:
         self.pool.release(req.block_table)
@@ -131,6 +137,11 @@ class Scheduler:
             if hit >= 0 and req.num_preemptions == 0:
                 self.prefix_hits += hit
                 self.prefix_queries += len(req.token_ids)
+            if hit > 0:
+                req.metrics.kv_reused_blocks += hit // self.config.block_size
+                self.reused_blocks += hit // self.config.block_size
+            if not req.metrics.first_scheduled_ns:
+                req.metrics.first_scheduled_ns = time.monotonic_ns()
             req.status = Status.RUNNING
             items.append((req, n))
             kept.append(req)

@@ -3,11 +3,15 @@ and streamed token responses -> exact text chunks with stop strings cut. No Trit
 (backends/llm_bls/model.py) only moves tensors and makes the BLS calls.
 
 Flow of one request (``BlsRequest`` -> ``preprocessing_inputs`` -> ``llm_inputs`` -> ``TextGeneration``):
-- ``parse_request`` validates what the client sent, naming the client's input (text_input, max_tokens,
-  stop_words, ...), so that a bad request fails before any model runs. Batch size must be 1.
-- the inner tensorrt_llm request always streams (``streaming=True``) and excludes the prompt, whatever
-  the client asked: text is produced here, incrementally, so a stop string can end generation early in
-  non-streamed mode too;
+- ``split_rows`` cuts a client batch into rows (every input must have text_input's batch size); each
+  row is one ``BlsRequest`` and one engine request, as NVIDIA's BLS gets one tensorrt_llm response
+  stream per row;
+- ``parse_request`` validates a row, naming the client's input (text_input, max_tokens, stop_words,
+  ...), so that a bad request fails before any model runs;
+- the inner tensorrt_llm request excludes the prompt and, when the BLS is decoupled, always streams
+  (``streaming=True``) whatever the client asked: text is produced here, incrementally, so a stop string
+  can end generation early in non-streamed mode too. A unary BLS (``decoupled_mode: false``) makes one
+  unary inner call per row;
 - ``TextGeneration`` feeds every response's new ids to one ``IncrementalDetokenizer`` and the text to
   one ``StopStringMatcher``.
 
@@ -15,10 +19,13 @@ Invariants:
 - streamed: the concatenated ``text`` of all chunks equals the non-streamed text of the same (greedy)
   request, which is ``tokenizer.decode(generated ids, skip_special_tokens)`` cut just before the first
   completed stop string (the stop string and all after it are never sent);
-- pass-through outputs: each chunk carries ``output_log_probs`` of every token since the previous
-  chunk (concatenated; so the chunks' log probs together cover every generated token once) and the
-  latest ``cum_log_probs`` / ``num_input_tokens`` / ``num_output_tokens`` received since the previous
-  chunk (a non-streamed response: the latest of all);
+- pass-through outputs (present when the client asked for them, as tensorrt_llm gives them): each chunk
+  carries ``output_log_probs`` of every token since the previous chunk (concatenated; so the chunks'
+  log probs together cover every generated token once), ``num_output_tokens`` summed over the same
+  responses (NVIDIA's per-response count; a non-streamed response with the prompt included counts it
+  too, as NVIDIA's tensorrt_llm does), and the latest ``cum_log_probs`` / ``num_input_tokens`` / perf
+  metrics received since the previous chunk;
+- ``text_output`` is ``[1]`` (``[batch]`` for a unary batch), NVIDIA's flat layout;
 - with ``exclude_input_in_output=false`` and no streaming, the text starts with the decoded prompt
   (``decode(prompt + generated)``, as NVIDIA's BLS); streamed chunks never repeat the prompt (NVIDIA's
   streaming sends new tokens only). Stop strings are searched in generated text only.
@@ -40,7 +47,9 @@ from .stop_strings import StopStringMatcher
 from .word_lists import parse_words
 
 # tensorrt_llm outputs forwarded to the client (all declared by NVIDIA's tensorrt_llm and the BLS).
-PASS_THROUGH = ("cum_log_probs", "output_log_probs", "num_input_tokens", "num_output_tokens")
+PASS_THROUGH = ("cum_log_probs", "output_log_probs", "num_input_tokens", "num_output_tokens",
+                *(t.name for t in C.PERF_OUTPUTS))
+SUMMED = ("num_output_tokens",)
 LLM_OUTPUTS = ("output_ids", "sequence_length", *PASS_THROUGH)
 
 _PRE_STEP, _LLM_STEP = C.NVIDIA_ENSEMBLE_STEPS[0], C.NVIDIA_ENSEMBLE_STEPS[1]
@@ -52,7 +61,7 @@ LLM_MAP: dict[str, tuple[str, str]] = {
     dst: ("preprocessing", _PRE_OUT[src]) if src in _PRE_OUT else ("client", src)
     for dst, src in _LLM_STEP[1].items()}
 # Inputs set here whatever the client says (see module docstring).
-_LLM_FORCED = {"streaming": np.array([[True]]), "exclude_input_in_output": np.array([[True]])}
+_LLM_FORCED = {"exclude_input_in_output": np.array([[True]])}
 
 
 def client_message(message: str) -> str:
@@ -71,6 +80,7 @@ class BlsRequest:
     stream: bool
     stop_strings: list[str]
     exclude_input: bool
+    batch_index: int | None = None  # set when the client's batch has several rows
 
 
 def _scalar(arrays: Mapping[str, np.ndarray], name: str, default: Any = None) -> Any:
@@ -82,14 +92,29 @@ def _scalar(arrays: Mapping[str, np.ndarray], name: str, default: Any = None) ->
     return a.reshape(-1)[0]
 
 
-def parse_request(arrays: Mapping[str, np.ndarray | None]) -> BlsRequest:
-    """Validate the client's tensors; InvalidInput (message starting with the input name) when bad."""
+def split_rows(arrays: Mapping[str, np.ndarray | None]) -> list[dict[str, np.ndarray]]:
+    """The client's batch as rows of batch size 1 (each input keeps a leading dim of 1)."""
+    arrays = {k: np.asarray(v) for k, v in arrays.items() if v is not None}
+    query = arrays.get("text_input")
+    if query is None:
+        raise InvalidInput("text_input is required")
+    if query.ndim == 0 or query.shape[0] == 0 or query.size != query.shape[0]:
+        raise InvalidInput(f"text_input must hold one string per request ([batch, 1]), got shape {list(query.shape)}")
+    batch = query.shape[0]
+    for name, value in arrays.items():
+        if value.ndim == 0 or value.shape[0] != batch:
+            raise InvalidInput(f"{name} must have batch size {batch} (like text_input), got shape {list(value.shape)}")
+    return [{k: v[i:i + 1] for k, v in arrays.items()} for i in range(batch)]
+
+
+def parse_request(arrays: Mapping[str, np.ndarray | None], batch_index: int | None = None) -> BlsRequest:
+    """Validate one row's tensors; InvalidInput (message starting with the input name) when bad."""
     arrays = {k: np.asarray(v) for k, v in arrays.items() if v is not None}
     query = arrays.get("text_input")
     if query is None:
         raise InvalidInput("text_input is required")
     if query.size != 1:
-        raise InvalidInput(f"text_input must hold exactly one string (batch size 1), got shape {list(query.shape)}")
+        raise InvalidInput(f"text_input must hold exactly one string per row, got shape {list(query.shape)}")
     raw = query.reshape(-1)[0]
     if isinstance(raw, (bytes, bytearray, np.bytes_)):
         try:
@@ -118,7 +143,7 @@ def parse_request(arrays: Mapping[str, np.ndarray | None]) -> BlsRequest:
         raise InvalidInput(str(e)) from None
     return BlsRequest(arrays=arrays, text=text, max_tokens=int(max_tokens),
                       stream=bool(_scalar(arrays, "stream", False)), stop_strings=stops,
-                      exclude_input=bool(_scalar(arrays, "exclude_input_in_output", True)))
+                      exclude_input=bool(_scalar(arrays, "exclude_input_in_output", True)), batch_index=batch_index)
 
 
 def preprocessing_inputs(req: BlsRequest) -> dict[str, np.ndarray]:
@@ -126,14 +151,15 @@ def preprocessing_inputs(req: BlsRequest) -> dict[str, np.ndarray]:
     return {pre: req.arrays[client] for pre, client in PREPROCESSING_MAP.items() if client in req.arrays}
 
 
-def llm_inputs(req: BlsRequest, pre_outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The tensorrt_llm model's inputs: NVIDIA's wiring, always streaming, prompt excluded."""
+def llm_inputs(req: BlsRequest, pre_outputs: Mapping[str, np.ndarray], *, stream: bool = True) -> dict[str, np.ndarray]:
+    """The tensorrt_llm model's inputs: NVIDIA's wiring, prompt excluded, streaming as ``stream`` says."""
     out: dict[str, np.ndarray] = {}
     for dst, (kind, src) in LLM_MAP.items():
         value = req.arrays.get(src) if kind == "client" else pre_outputs.get(src)
         if value is not None:
             out[dst] = value
     out.update({k: v.copy() for k, v in _LLM_FORCED.items()})
+    out["streaming"] = np.array([[stream]])
     return out
 
 
@@ -149,6 +175,7 @@ class Chunk:
 
     text: str
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    batch_index: int | None = None
 
     @property
     def empty(self) -> bool:
@@ -156,7 +183,10 @@ class Chunk:
         return not self.text and not self.outputs
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"text_output": np.array([[self.text.encode("utf-8")]], dtype=object), **self.outputs}
+        out = {"text_output": np.array([self.text.encode("utf-8")], dtype=object), **self.outputs}
+        if self.batch_index is not None:
+            out["batch_index"] = np.array([[self.batch_index]], dtype=np.int32)
+        return out
 
 
 class _PassThrough:
@@ -172,8 +202,15 @@ class _PassThrough:
                 continue
             if name == "output_log_probs":
                 self._logprobs.append(np.asarray(arrays[name], dtype=np.float32).reshape(1, 1, -1))
+            elif name in SUMMED and name in self._latest:
+                self._latest[name] = self._latest[name] + np.asarray(arrays[name])
             else:
                 self._latest[name] = np.asarray(arrays[name])
+
+    def count_prompt(self, n: int) -> None:
+        """A non-streamed response that includes the prompt counts its tokens too (NVIDIA's semantics)."""
+        if "num_output_tokens" in self._latest:
+            self._latest["num_output_tokens"] = self._latest["num_output_tokens"] + n
 
     def take(self) -> dict[str, np.ndarray]:
         """What arrived since the last take (empty if nothing did)."""
@@ -200,9 +237,12 @@ class TextGeneration:
         self._stops = StopStringMatcher(req.stop_strings)
         self._stream = req.stream
         self._pass = _PassThrough()
+        self._batch_index = req.batch_index
         self._text: list[str] = []  # non-streamed: everything so far
+        self._prompt_len = 0
         if prompt and not req.exclude_input and not req.stream:
             self._text.append(self._detok.add(prompt))
+            self._prompt_len = len(prompt)
         self.num_tokens = 0
         self.finished = False
 
@@ -224,7 +264,7 @@ class TextGeneration:
         self._pass.add(arrays)
         text, stopped = self._stops.feed(self._detok.add(ids.tolist()))
         if self._stream and not stopped:
-            return Chunk(text, self._pass.take()) if text else None
+            return Chunk(text, self._pass.take(), self._batch_index) if text else None
         self._text.append(text)  # non-streamed, or the last text before a stop string: sent by finish()
         return None
 
@@ -238,4 +278,6 @@ class TextGeneration:
         else:
             text = ""
         self._text.append(text)
-        return Chunk("".join(self._text), self._pass.take())
+        if self._prompt_len:
+            self._pass.count_prompt(self._prompt_len)
+        return Chunk("".join(self._text), self._pass.take(), self._batch_index)

@@ -6,7 +6,8 @@ OUTPUT_LOG_PROBS, CONTEXT_LOGITS, GENERATION_LOGITS, BATCH_INDEX (-> OUT_*, as N
 Two optional inputs that are not NVIDIA's let the engine make streaming exact beyond doubt:
 REQUEST_KEY (UINT64 [B, 1]): a key unique to the engine request (client request ids may be empty or
 reused), and IS_FINAL (BOOL [B, 1]): this chunk is the sequence's last (flush and forget the state).
-Output: OUTPUT (BYTES [B, beams]), UTF-8.
+Output: OUTPUT (BYTES [B * beams], flat, batch-major), UTF-8, as NVIDIA's postprocessing returns it
+(their clients read ``text_output[0]`` as bytes).
 
 Why state, and how it is keyed (facts measured on tritonserver 2.51, see the text package report):
 - in an ensemble, each streamed response of the decoupled ``tensorrt_llm`` step reaches this step as
@@ -16,8 +17,10 @@ Why state, and how it is keyed (facts measured on tritonserver 2.51, see the tex
   config: "receives inputs originated from different decoupled models"), so nothing from
   ``preprocessing`` or the client can reach this step except through ``tensorrt_llm``'s outputs;
 - a flag-only final response from the engine does not invoke this step at all.
-So the key is REQUEST_KEY when wired, else the request id; with neither (empty id), each chunk is
-decoded on its own, as NVIDIA does. Without IS_FINAL a stream's state lives until LRU/idle eviction
+So the key is REQUEST_KEY when wired; else the request id, but only with ``key_by_request_id`` (the GPU
+profile, whose engine emits no REQUEST_KEY), because a client calling postprocessing directly with whole
+sequences under a reused id (NVIDIA's end_to_end_test.py sends ids "0", "1", ... every run) must not
+continue an earlier sequence's state; otherwise each call is decoded on its own, as NVIDIA does. Without IS_FINAL a stream's state lives until LRU/idle eviction
 (bounded), an incomplete character at the very end (U+FFFD) is not shown, and byte-fallback runs are
 emitted as soon as they are valid UTF-8 (``hold_byte_runs=False``) so that no complete text is kept
 back for an end that is never signalled. Beam search (beams > 1) responses carry whole beams and are
@@ -57,8 +60,9 @@ class Postprocessor:
     """Keeps per-sequence detokenizers across requests (one per model instance; not thread-safe)."""
 
     def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True, max_streams: int = 1024,
-                 stream_ttl_s: float = 60.0) -> None:
+                 stream_ttl_s: float = 60.0, key_by_request_id: bool = False) -> None:
         traits = tokenizer_traits(tokenizer)
+        self.key_by_request_id = key_by_request_id
         self.vocab_size = len(tokenizer)
 
         def factory(hold_byte_runs: bool = True) -> IncrementalDetokenizer:
@@ -101,7 +105,7 @@ class Postprocessor:
                 key = None
             elif keys is not None:
                 key = ("key", int(keys[b]))
-            elif request_id:
+            elif request_id and self.key_by_request_id:
                 key = ("id", request_id, b)
             else:
                 key = None
@@ -110,7 +114,7 @@ class Postprocessor:
                 ids = tokens[b, k, : int(lengths[b, k])].tolist()
                 texts[b, k] = self.registry.process(
                     key, ids, final=final, factory=None if finals is not None else self._without_end).encode("utf-8")
-        out = {"OUTPUT": texts}
+        out = {"OUTPUT": texts.reshape(-1)}
         for src, dst in PASS_THROUGH:
             if inputs.get(src) is not None:
                 out[dst] = np.asarray(inputs[src])

@@ -5,9 +5,11 @@ REQUEST_OUTPUT_LEN (INT32 [B, 1]); optional BAD_WORDS_DICT / STOP_WORDS_DICT (BY
 per element), EMBEDDING_BIAS_WORDS (BYTES [B, K]) + EMBEDDING_BIAS_WEIGHTS (FP32 [B, K]),
 END_ID / PAD_ID (INT32 [B, 1]).
 Outputs: INPUT_ID (INT32 [B, L], right-padded with the pad id), REQUEST_INPUT_LEN (INT32 [B, 1]),
+DECODER_INPUT_ID (INT32 [B, 1] of the pad id) and REQUEST_DECODER_INPUT_LEN (INT32 [B, 1] of 1), which
+NVIDIA's preprocessing emits for a decoder-only model and the engine ignores,
 BAD_WORDS_IDS / STOP_WORDS_IDS (INT32 [B, 2, N], TensorRT-LLM word lists; N may be 0),
 EMBEDDING_BIAS (FP32 [B, V] or [B, 0] when no bias words), REQUEST_OUTPUT_LEN (INT32 [B, 1]),
-OUT_END_ID / OUT_PAD_ID (INT32 [B, 1]).
+OUT_END_ID / OUT_PAD_ID (INT32 [B, 1]); ENSEMBLE_NAMES (BOOL [B, 1], true; ours, see contract.ENGINE_WIRING).
 
 Invariants: every rejection is ``InvalidInput`` (a ValueError) whose message starts with the name of
 the offending input; nothing here imports Triton. Stop words become token-level word lists so the
@@ -135,4 +137,7 @@ def preprocess(tok: TextTokenizer, inputs: Mapping[str, np.ndarray | None], *, i
         "REQUEST_OUTPUT_LEN": out_len,
         "OUT_END_ID": end_id,
         "OUT_PAD_ID": pad_id,
+        "DECODER_INPUT_ID": pad_id.copy(),
+        "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), dtype=np.int32),
+        "ENSEMBLE_NAMES": np.ones((batch, 1), dtype=np.bool_),
     }

@@ -1,0 +1,188 @@
+"""Engine outputs -> the responses of the `tensorrt_llm` model, as plain data (no Triton imports).
+
+A ``Job`` is one Triton request: its response sender (opaque here), its Triton request id (for NVIDIA's
+``stop`` requests) and one ``Row`` per batch row, each an engine request. ``Jobs`` keeps them by engine
+request id and turns each engine output into ``Reply`` objects, which the adapter sends in order.
+
+Responses, as NVIDIA's C++ backend gives them (``inflight_batcher_llm/src/model_instance_state.cc``,
+read from their source):
+- decoupled: every row answers on its own (``batch_index`` [1, 1] when the batch has several rows);
+  streaming rows send each new-token delta, others one response when they finish; only the job's last
+  finishing row carries the final flag;
+- unary (not decoupled): one response for the whole job when its last row finishes, rows stacked in
+  batch order (NVIDIA refuses batches here; we answer them);
+- a ``stop`` request ends its target rows normally, with the tokens produced so far (a streaming row:
+  a last response with no new tokens, so the ensemble's postprocessing flushes);
+- a client cancellation answers CANCELLED; an engine error answers INTERNAL; either ends the whole job
+  (its other rows are aborted) with one final error reply.
+
+Invariants: a job gets exactly one final reply and nothing after it; a job leaves the registry before
+its final reply is handed out (so nobody asks a freed response sender whether it was cancelled).
+Threads: ``add`` (executing thread), ``on_output`` (one responder thread), ``cancelled`` / ``rows_of``
+(watcher, stop requests) may run concurrently; the registry is guarded by one lock.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .engine.request import RequestOutput
+from .llm_io import ParsedBatch, ParsedRequest, response_arrays, stack_rows
+
+INTERNAL, CANCELLED = "INTERNAL", "CANCELLED"
+
+
+@dataclass
+class Reply:
+    sender: Any
+    arrays: dict[str, np.ndarray] | None = None  # None: no outputs (an error, or a flag-only final)
+    final: bool = False
+    error: str | None = None
+    code: str | None = None                       # INTERNAL | CANCELLED when error is set
+
+
+@dataclass
+class Finished:
+    """A row that finished normally, for the metrics: token counts and client-side timings."""
+
+    prompt_tokens: int
+    output_tokens: int
+    ttft: float | None
+    tpot: float | None
+
+
+@dataclass(eq=False)
+class Job:
+    sender: Any
+    triton_id: str
+    decoupled: bool
+    rows: list["Row"] = field(default_factory=list)
+    pending: int = 0
+    cancelled: bool = False      # set by the watcher: aborts are answered CANCELLED
+    done: list[dict[str, np.ndarray] | None] = field(default_factory=list)  # unary: each row's arrays
+
+
+@dataclass(eq=False)
+class Row:
+    job: Job
+    index: int
+    rid: str
+    request: ParsedRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    num_out: int = 0
+
+    def timings(self) -> tuple[float | None, float | None]:
+        """(time to first token, mean time per later output token) as the client saw them."""
+        if self.first_token is None:
+            return None, None
+        tpot = (time.monotonic() - self.first_token) / (self.num_out - 1) if self.num_out > 1 else None
+        return self.first_token - self.arrival, tpot
+
+
+class Jobs:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[str, Row] = {}
+        self._ids = itertools.count()
+
+    def add(self, sender, triton_id: str, batch: ParsedBatch, decoupled: bool) -> Job:
+        job = Job(sender, triton_id, decoupled)
+        with self._lock:
+            for i, parsed in enumerate(batch.rows):
+                job.rows.append(Row(job, i, str(next(self._ids)), parsed))
+            job.pending = len(job.rows)
+            job.done = [None] * len(job.rows)
+            self._rows.update((row.rid, row) for row in job.rows)
+        return job
+
+    def forget(self, job: Job) -> None:
+        """Drop a job whose rows never reached the engine (its submission was refused)."""
+        with self._lock:
+            for row in job.rows:
+                self._rows.pop(row.rid, None)
+
+    def rows_of(self, triton_id: str) -> list[str]:
+        """Engine ids of the unfinished rows of every job with this Triton request id (NVIDIA's ``stop``)."""
+        if not triton_id:
+            return []
+        with self._lock:
+            return [rid for rid, row in self._rows.items() if row.job.triton_id == triton_id]
+
+    def cancelled(self, is_cancelled) -> list[str]:
+        """Marks jobs whose client cancelled (``is_cancelled(sender)``); their rows' engine ids, to abort."""
+        with self._lock:
+            jobs = {row.job for row in self._rows.values() if not row.job.cancelled}
+            hit = [job for job in jobs if is_cancelled(job.sender)]
+            for job in hit:
+                job.cancelled = True
+            return [row.rid for job in hit for row in job.rows if row.rid in self._rows]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._rows)
+
+    # ---- responder thread --------------------------------------------------------------------------
+    def on_output(self, out: RequestOutput) -> tuple[list[Reply], list[str], Finished | None]:
+        """(replies to send in order, engine ids to abort, the row's figures if it finished normally)."""
+        with self._lock:
+            row = self._rows.get(out.request_id)
+            if row is None:
+                return [], [], None
+            job = row.job
+            if out.finished:
+                del self._rows[out.request_id]
+                job.pending -= 1
+            failed = out.error is not None or (out.finish_reason == "abort" and job.cancelled)
+            others = []
+            if failed:  # the whole job ends now: its other rows leave the registry, then get aborted
+                others = [r.rid for r in job.rows if r.rid in self._rows]
+                for rid in others:
+                    del self._rows[rid]
+                job.pending = 0
+        if out.new_token_ids:
+            row.num_out += len(out.new_token_ids)
+            if row.first_token is None:
+                row.first_token = time.monotonic()
+        if failed:
+            if out.error is not None:
+                return [Reply(job.sender, final=True, error=out.error, code=INTERNAL)], others, None
+            return [Reply(job.sender, final=True, error="request cancelled", code=CANCELLED)], others, None
+        return self._data(row, out), [], (self._figures(row, out) if out.finished else None)
+
+    @staticmethod
+    def _figures(row: Row, out: RequestOutput) -> Finished:
+        return Finished(out.num_prompt_tokens, out.num_output_tokens, *row.timings())
+
+    def _data(self, row: Row, out: RequestOutput) -> list[Reply]:
+        job, req = row.job, row.request
+        batch_index = row.index if job.decoupled and len(job.rows) > 1 else None
+
+        def arrays(ids, logprobs):
+            return response_arrays(ids, logprobs, out.cum_logprob, out.num_prompt_tokens, req.flags, out.metrics,
+                                   batch_index, int(row.rid), out.finished)
+
+        if req.streaming:  # decoupled only (unary refuses streaming); a finished stream ends with data
+            if not (out.new_token_ids or out.finished):
+                return []
+            last = out.finished and job.pending == 0
+            return [Reply(job.sender, arrays(out.new_token_ids, out.new_logprobs), final=last)]
+        row.tokens.extend(out.new_token_ids)
+        row.logprobs.extend(out.new_logprobs)
+        if not out.finished:
+            return []
+        ids = row.tokens if req.exclude_input else req.prompt_ids + row.tokens
+        mine = arrays(ids, row.logprobs)
+        if job.decoupled:
+            return [Reply(job.sender, mine, final=job.pending == 0)]
+        job.done[row.index] = mine
+        if job.pending:
+            return []
+        return [Reply(job.sender, stack_rows(job.done) if len(job.done) > 1 else mine, final=True)]
