@@ -5,6 +5,9 @@
   for ``/v2/health/ready`` (300 s) and yields the ``TritonServer`` (``http_url``, ``grpc_url``,
   ``metrics_url`` as "localhost:PORT", ``log_path``). A failed start fails the test with the names of the
   models that did not load and the log tail. Torn down (drained) at the end of the session.
+- ``unary_server`` (session): the same repository served with ``--model-config-name unary`` (profile
+  ``unary``: tensorrt_llm and tensorrt_llm_bls not decoupled, NVIDIA's ``decoupled_mode: false``), for
+  plain ``infer()`` / ModelInfer / HTTP ``/infer`` clients; started on first use.
 - ``@pytest.mark.slow`` tests are skipped unless ``--run-slow`` is given.
 No mocks: the fixture is the server the README tells people to run.
 """
@@ -53,18 +56,32 @@ def built_repository() -> Path:
     return ROOT
 
 
-@pytest.fixture(scope="session")
-def triton_server(built_repository):
+def _serve(name: str, extra_args=()):
     http_port, grpc_port, metrics_port = find_free_ports(3)
     server = TritonServer(
-        http_port, grpc_port, metrics_port,
-        log_path=ROOT / "build" / "logs" / f"pytest-tritonserver-{http_port}.log",
+        http_port, grpc_port, metrics_port, extra_args=list(extra_args),
+        log_path=ROOT / "build" / "logs" / f"pytest-{name}-{http_port}.log",
         exit_timeout_s=5,  # the session is over: don't wait long on idle client connections
     )
     try:
         server.start(timeout=READY_TIMEOUT_S)
     except ServerStartError as e:
         pytest.fail(f"tritonserver did not start (log: {server.log_path}):\n{e}", pytrace=False)
+    return server
+
+
+@pytest.fixture(scope="session")
+def triton_server(built_repository):
+    server = _serve("tritonserver")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def unary_server(built_repository):
+    server = _serve("unary", ["--model-config-name", "unary"])
     try:
         yield server
     finally:

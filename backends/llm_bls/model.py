@@ -255,8 +255,7 @@ class TritonPythonModel:
 
     @staticmethod
     def _inner_error(error):
-        code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
-        return _InnerError(B.client_message(error.message()), code)
+        return _InnerError(B.client_message(error.message()), _code(error))
 
     # ---- cancellation ------------------------------------------------------------------------------
     def _watch_cancellations(self):
@@ -270,3 +269,9 @@ class TritonPythonModel:
     def finalize(self):
         self.closing.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _code(error):
+    """The inner error's code; INTERNAL is re-derived from the message (see bls_stream.recovered_code)."""
+    code = error.code()
+    return getattr(pb_utils.TritonError, B.recovered_code(error.message())) if code == pb_utils.TritonError.INTERNAL else code

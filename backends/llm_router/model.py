@@ -147,4 +147,6 @@ class TritonPythonModel:
 
 
 def _code(error):
-    return error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
+    """The inner error's code; INTERNAL is re-derived from the message (see bls_stream.recovered_code)."""
+    code = error.code()
+    return getattr(pb_utils.TritonError, B.recovered_code(error.message())) if code == pb_utils.TritonError.INTERNAL else code

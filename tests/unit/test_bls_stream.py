@@ -188,3 +188,17 @@ def test_ensemble_errors_name_the_client_input_too():
         "STOP_WORDS_DICT[1] (stop_words[1]) is not valid UTF-8"
     assert B.client_message(annotated) == B.client_message(msg) == "input length 3 + max_tokens 9000 exceeds max_seq_len 2048"
     assert C.with_client_names("streaming and end_id are fine") == "streaming and end_id are fine"
+
+
+@pytest.mark.parametrize("message,code", [
+    ("max_tokens 100000 exceeds max_seq_len 2048", "INVALID_ARG"),
+    ("embedding_bias_words and embedding_bias_weights must be given together", "INVALID_ARG"),
+    ("Maximum queue size of 256 has been reached, please try again later (Exceeds maximum queue size: ...)", "UNAVAILABLE"),
+    ("the engine is shutting down", "UNAVAILABLE"),
+    ("request cancelled", "CANCELLED"),
+    ("internal error: boom", "INTERNAL"),
+    ("preprocessing failed: KeyError('x')", "INTERNAL"),
+    ("engine step failed: RuntimeError", "INTERNAL"),
+])
+def test_inner_error_codes_lost_by_the_bls_are_recovered_from_the_message(message, code):
+    assert B.recovered_code(message) == code
