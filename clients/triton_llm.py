@@ -6,8 +6,10 @@ Invariants:
 - Tensor names, dtypes and shapes are the ensemble's / BLS's (NVIDIA's contract, see
   backends/tritonllm/contract.py): every input carries the batch dimension, so a scalar is ``[1, 1]`` and
   a word list ``[1, N]``; an option left at ``None`` is not sent and the server's default applies.
-- Both models are decoupled, so gRPC always goes through the bidirectional stream (plain ModelInfer is
-  refused) and HTTP through ``/generate`` (one response) or ``/generate_stream`` (server-sent events).
+- Both models are decoupled by default (deployment.yaml ``llm.decoupled_mode``), so gRPC goes through the
+  bidirectional stream (plain ModelInfer is refused) and HTTP through ``/generate`` (one response) or
+  ``/generate_stream`` (server-sent events). A unary server (``--model-config-name unary``) takes plain
+  ``infer()`` instead, which NVIDIA's tools use; the stream works there too, without ``stream=true``.
 - In streaming mode each ``Chunk.text`` is the *new* text only; concatenated they equal the
   non-streamed text (exact per-request detokenization in the BLS and the ensemble's postprocessing).
   ``num_output_tokens`` counts the tokens of that response (NVIDIA's semantics: sum them over a stream),
@@ -27,19 +29,25 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+try:
+    from tritonllm import contract as C
+except ImportError:  # run from a checkout without `pip install -e .`: the library sits in backends/
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
+    from tritonllm import contract as C
+
 TEXT_MODELS = ("ensemble", "tensorrt_llm_bls")
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 _LOGPROB_OUTPUTS = ("output_log_probs", "cum_log_probs")
 
-# name -> (numpy dtype, Triton dtype) of every optional scalar the text models accept.
+# name -> (numpy dtype, Triton dtype) of every optional scalar the text models accept, from the contract.
+_TRITON_DTYPE = {"TYPE_STRING": "BYTES"}
+_OPTIONS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",
+            "min_tokens", "end_id", "pad_id", "return_log_probs", "exclude_input_in_output", "lora_task_id")
 _SCALARS: dict[str, tuple[Any, str]] = {
-    "temperature": (np.float32, "FP32"), "top_k": (np.int32, "INT32"), "top_p": (np.float32, "FP32"),
-    "seed": (np.uint64, "UINT64"), "repetition_penalty": (np.float32, "FP32"),
-    "presence_penalty": (np.float32, "FP32"), "frequency_penalty": (np.float32, "FP32"),
-    "min_tokens": (np.int32, "INT32"), "end_id": (np.int32, "INT32"), "pad_id": (np.int32, "INT32"),
-    "return_log_probs": (np.bool_, "BOOL"), "exclude_input_in_output": (np.bool_, "BOOL"),
-    "lora_task_id": (np.uint64, "UINT64"),
-}
+    t.name: (np.dtype(C.numpy_dtype(t.dtype)).type, _TRITON_DTYPE.get(t.dtype, t.dtype[len("TYPE_"):]))
+    for t in C.TEXT_INPUTS if t.name in _OPTIONS}
 
 
 def default_tokenizer_dir() -> Path:
@@ -59,7 +67,8 @@ def default_tokenizer_dir() -> Path:
 
 class TritonError(RuntimeError):
     """Triton (or the transport) refused or failed a request. ``status`` is the gRPC status name or HTTP
-    code when the transport gave one (Triton's in-stream errors carry only a message)."""
+    code when the transport gave one (streams ask for Triton's ``triton_grpc_error`` mode, so errors of
+    the models carry one; Triton core's own request checks still arrive as a message only)."""
 
     def __init__(self, message: str, status: str | int | None = None):
         super().__init__(message)
@@ -178,7 +187,10 @@ def grpc_generate(url: str, model: str, prompt: str, params: GenerationParams, s
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     try:
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        # triton_grpc_error: an error ends the stream with its gRPC status (INVALID_ARGUMENT, UNAVAILABLE,
+        # ...), not as a message alone; one request per stream, so nothing else is cut short.
+        client.start_stream(callback=lambda result, error: responses.put((result, error)),
+                            headers={"triton_grpc_error": "true"})
         inputs, outputs = grpc_inputs(params, prompt, stream)
         client.async_stream_infer(model, inputs, outputs=outputs, enable_empty_final_response=True)
         while True:

@@ -154,9 +154,10 @@ ENGINE_STREAM_OUTPUTS: tuple[Tensor, ...] = (
 TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS)
 
 # --------------------------------------------------------------------------- preprocessing (tokenizer)
+# QUERY and REQUEST_OUTPUT_LEN: optional here, required by the step itself (see TEXT_INPUTS).
 PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
-    Tensor("QUERY", "TYPE_STRING", (1,)),
-    Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
+    Tensor("QUERY", "TYPE_STRING", (1,), optional=True),
+    Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), optional=True),
     Tensor("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
     Tensor("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
     Tensor("EMBEDDING_BIAS_WORDS", "TYPE_STRING", (-1,), optional=True),
@@ -191,9 +192,16 @@ POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
 )
 
 # --------------------------------------------------------------------------- ensemble / BLS (client-facing)
+# text_input and max_tokens are required by NVIDIA and by our models, which refuse their absence by name
+# ("QUERY (text_input) is required", "max_tokens is required"); they are declared optional, as are
+# preprocessing's QUERY / REQUEST_OUTPUT_LEN, because Triton 2.51 does not check an ensemble's required
+# inputs by name once a request has as many inputs as the ensemble requires: with max_tokens missing (and
+# another input sent) the preprocessing step never ran and the ensemble answered "unexpected deadlock"
+# (unary), an empty final response (decoupled), and on a triton_grpc_error stream the second such request
+# crashed tritonserver (SIGSEGV, seen here).
 TEXT_INPUTS: tuple[Tensor, ...] = (
-    Tensor("text_input", "TYPE_STRING", (1,)),
-    Tensor("max_tokens", "TYPE_INT32", (1,)),
+    Tensor("text_input", "TYPE_STRING", (1,), optional=True),
+    Tensor("max_tokens", "TYPE_INT32", (1,), optional=True),
     Tensor("num_return_sequences", "TYPE_INT32", (1,), optional=True),
     Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
     Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),

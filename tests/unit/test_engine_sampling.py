@@ -153,3 +153,22 @@ def test_runner_queue_bound_and_shutdown(ckpt):
     runner.shutdown()
     assert threading.active_count() == before
     assert eng.num_free_blocks == initial
+
+
+def test_a_full_queue_says_nvidias_words_and_admits_a_batch_whole_or_not_at_all(tmp_path):
+    """TensorRT-LLM's executor text and Triton's (NVIDIA's test_max_queue_size.py looks for either)."""
+    from engine_helpers import make_checkpoint
+    from tritonllm.engine.config import EngineConfig
+    from tritonllm.engine.engine import LLMEngine
+    from tritonllm.engine.request import QueueFull, SamplingParams
+    from tritonllm.engine.runner import EngineRunner
+
+    engine = LLMEngine(make_checkpoint(tmp_path / "m"), EngineConfig(max_num_seqs=1, max_queue_size=1, max_kv_tokens=512))
+    runner = EngineRunner(engine, lambda out: None)  # not started: nothing leaves the queue
+    runner.submit("a", [5, 6], SamplingParams(max_tokens=2))
+    with pytest.raises(QueueFull) as e:
+        runner.submit_all([("b", [5], SamplingParams(max_tokens=2)), ("c", [5], SamplingParams(max_tokens=2))])
+    assert "Maximum queue size of 1 has been reached" in str(e.value) and "Exceeds maximum queue size" in str(e.value)
+    assert runner.num_unfinished() == 1  # the batch was refused as a whole
+    runner.submit("b", [5], SamplingParams(max_tokens=2))
+    assert runner.num_unfinished() == 2
