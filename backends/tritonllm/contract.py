@@ -327,6 +327,16 @@ MODEL_TENSORS: dict[str, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {
 }
 
 
+def batch_rows(arrays: dict, lead: str, error: type[Exception]) -> list[dict]:
+    """A request's inputs (batch dim first) as rows of batch size 1, one per row of ``lead``; an input
+    whose batch size differs from lead's raises ``error`` naming it. NVIDIA's backend slices a batch so."""
+    batch = arrays[lead].shape[0]
+    for name, arr in arrays.items():
+        if arr.ndim == 0 or arr.shape[0] != batch:
+            raise error(f"{name} must have batch size {batch} (like {lead}), got shape {list(arr.shape)}")
+    return [{name: arr[i:i + 1] for name, arr in arrays.items()} for i in range(batch)]
+
+
 def by_name(tensors: tuple[Tensor, ...]) -> dict[str, Tensor]:
     return {t.name: t for t in tensors}
 

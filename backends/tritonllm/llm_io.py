@@ -136,11 +136,7 @@ def _rows(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         raise InvalidRequest("input_ids is required")
     if ids.ndim != 2 or ids.shape[0] == 0:
         raise InvalidRequest(f"input_ids must have shape [batch, tokens], got {list(ids.shape)}")
-    batch = ids.shape[0]
-    for name, arr in arrays.items():
-        if arr.ndim == 0 or arr.shape[0] != batch:
-            raise InvalidRequest(f"{name} must have batch size {batch} (like input_ids), got shape {list(arr.shape)}")
-    return [{name: arr[i:i + 1] for name, arr in arrays.items()} for i in range(batch)]
+    return C.batch_rows(arrays, "input_ids", InvalidRequest)
 
 
 def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool) -> ParsedRequest:

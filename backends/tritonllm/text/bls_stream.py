@@ -121,11 +121,7 @@ def split_rows(arrays: Mapping[str, np.ndarray | None]) -> list[dict[str, np.nda
         raise InvalidInput("text_input is required")
     if query.ndim == 0 or query.shape[0] == 0 or query.size != query.shape[0]:
         raise InvalidInput(f"text_input must hold one string per request ([batch, 1]), got shape {list(query.shape)}")
-    batch = query.shape[0]
-    for name, value in arrays.items():
-        if value.ndim == 0 or value.shape[0] != batch:
-            raise InvalidInput(f"{name} must have batch size {batch} (like text_input), got shape {list(value.shape)}")
-    return [{k: v[i:i + 1] for k, v in arrays.items()} for i in range(batch)]
+    return C.batch_rows(arrays, "text_input", InvalidInput)
 
 
 def parse_request(arrays: Mapping[str, np.ndarray | None], batch_index: int | None = None) -> BlsRequest:
