@@ -18,8 +18,9 @@ id aborts it (NVIDIA's tensorrt_llm contract; our torchllm aborts the engine req
 blocks, and ends the stream normally). The iterator is then drained so nothing is left pending.
 
 Config parameters (string_value): tokenizer_dir, tensorrt_llm_model_name, preprocessing_model_name,
-skip_special_tokens (default true), max_inflight_requests (worker threads, default 64; more rows
-queue), accumulate_tokens (NVIDIA's; ignored: deltas are exact without it).
+skip_special_tokens (default true), include_stop_words (default false: text ends just before a stop
+word, OpenAI's semantics; true: through it, NVIDIA's BLS), max_inflight_requests (worker threads,
+default 64; more rows queue), accumulate_tokens (NVIDIA's; ignored: deltas are exact without it).
 """
 import itertools
 import os
@@ -83,6 +84,7 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.traits = tokenizer_traits(self.tokenizer)
         self.skip_special = parse_bool(params.get("skip_special_tokens"), True)
+        self.include_stop_words = parse_bool(params.get("include_stop_words"), False)
         self.llm_model = params.get("tensorrt_llm_model_name") or C.TENSORRT_LLM
         self.pre_model = params.get("preprocessing_model_name") or C.PREPROCESSING
         self.input_names = [t["name"] for t in config.get("input", [])]
@@ -129,8 +131,8 @@ class TritonPythonModel:
             if req.stream and not self.decoupled:
                 raise InvalidInput(f"stream: {STREAMING_NEEDS_DECOUPLED}")
             pre = self._preprocess(req)
-            gen = B.TextGeneration(self.tokenizer, req, B.prompt_ids(pre),
-                                   skip_special_tokens=self.skip_special, traits=self.traits)
+            gen = B.TextGeneration(self.tokenizer, req, B.prompt_ids(pre), skip_special_tokens=self.skip_special,
+                                   traits=self.traits, include_stop_words=self.include_stop_words)
             if self.decoupled:
                 self._generate(row, req, pre, gen)
             else:

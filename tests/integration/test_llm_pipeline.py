@@ -215,11 +215,12 @@ def test_stop_strings_end_generation_and_are_cut(triton_server, greedy, stream):
     full = greedy[PROMPTS[0]]
     stop = _straddling_stop(full)
     expected = full[: full.index(stop)]
-    params = dict(text_input=PROMPTS[0], max_tokens=MAX_TOKENS, stop_words=[stop, "\u2603never\u2603"])
+    params = dict(text_input=PROMPTS[0], max_tokens=MAX_TOKENS, stop_words=[stop, "\u2603never\u2603"],
+                  return_num_output_tokens=True)
     if stream:
         events = generate_stream(triton_server, "tensorrt_llm_bls", **params)
         text = "".join(e["text_output"] for e in events)
-        used = max(e.get("num_output_tokens", 0) for e in events)
+        used = sum(e.get("num_output_tokens", 0) for e in events)  # NVIDIA's: each response's own tokens
     else:
         out = generate(triton_server, "tensorrt_llm_bls", **params)
         text, used = out["text_output"], out["num_output_tokens"]

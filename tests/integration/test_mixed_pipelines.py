@@ -126,7 +126,7 @@ def test_router_routes_as_the_classifier_says_and_streams_exactly_http(triton_se
     slot = router_params("llm_router")["small_model" if name == "simple" else "large_model"]
     want = generate(triton_server, slot, text_input=text, max_tokens=MAX_TOKENS)["text_output"]
     calls = inference_count(triton_server, slot)
-    got = generate(triton_server, "llm_router", text_input=text, max_tokens=MAX_TOKENS)
+    got = generate(triton_server, "llm_router", text_input=text, max_tokens=MAX_TOKENS, return_num_output_tokens=True)
     assert inference_count(triton_server, slot) == calls + 1  # the counter the refusal test relies on moves
     assert got["route"] == ROUTE_OF_LABEL[labels[name]] and got["moderation_label"] == labels[name]
     assert got["text_output"] == want and got["num_output_tokens"] == MAX_TOKENS

@@ -46,9 +46,9 @@ def _responses(ids, rng, *, logprobs=True):
         yield r
 
 
-def _run(tok, req, ids, seed=0, prompt=None):
+def _run(tok, req, ids, seed=0, prompt=None, **kw):
     """All chunks a client would receive, the last one being finish()'s."""
-    gen = B.TextGeneration(tok, req, prompt)
+    gen = B.TextGeneration(tok, req, prompt, **kw)
     chunks = []
     for r in _responses(ids, random.Random(seed)):
         c = gen.on_response(r)
@@ -81,6 +81,15 @@ def test_stop_string_is_cut_and_generation_stops(tok):
         assert gen.stopped and gen.matched == "lazy"
         assert "".join(c.text for c in chunks) == tok.decode(ids).split("lazy")[0]
         assert gen.num_tokens < len(ids)  # ended before the engine's stream did
+
+
+def test_include_stop_words_keeps_the_stop_word_as_nvidias_bls(tok):
+    text = "the quick brown fox jumps over a lazy dog"
+    ids = tok.encode(text, add_special_tokens=False)
+    for stream in (True, False):
+        req = B.parse_request(_client(stop_words=_words("lazy"), stream=np.array([[stream]])))
+        gen, chunks = _run(tok, req, ids, include_stop_words=True)
+        assert gen.stopped and "".join(c.text for c in chunks) == tok.decode(ids).split("lazy")[0] + "lazy"
 
 
 def test_stop_string_inside_a_token_and_never_matching(tok):

@@ -108,3 +108,12 @@ def test_stop_string_spanning_tokens(name):
     for stop in ["brown fox", "x jumps o", "dog", "o", "not there"]:
         assert _run(StopStringMatcher([stop]), deltas) == _reference(full, [stop])
     assert sum(1 for x in deltas if x) > 3  # the stop strings really were split across deltas
+
+
+def test_include_stop_keeps_the_stop_string_and_drops_only_what_follows():
+    """NVIDIA's BLS returns the text through the stop word; the split must not matter either way."""
+    text = "hello world, the end. more"
+    for cut in range(1, len(text)):
+        m = StopStringMatcher(["end."], include_stop=True)
+        out = m.feed(text[:cut])[0] + m.feed(text[cut:])[0] + m.flush()
+        assert out == "hello world, the end." and m.matched == "end."

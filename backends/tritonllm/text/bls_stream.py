@@ -18,7 +18,8 @@ Flow of one request (``BlsRequest`` -> ``preprocessing_inputs`` -> ``llm_inputs`
 Invariants:
 - streamed: the concatenated ``text`` of all chunks equals the non-streamed text of the same (greedy)
   request, which is ``tokenizer.decode(generated ids, skip_special_tokens)`` cut just before the first
-  completed stop string (the stop string and all after it are never sent);
+  completed stop string (the stop string and all after it are never sent), or just after it with
+  ``include_stop_words`` (NVIDIA's BLS keeps the stop word);
 - pass-through outputs (present when the client asked for them, as tensorrt_llm gives them): each chunk
   carries ``output_log_probs`` of every token since the previous chunk (concatenated; so the chunks'
   log probs together cover every generated token once), ``num_output_tokens`` summed over the same
@@ -248,10 +249,11 @@ class TextGeneration:
     """
 
     def __init__(self, tokenizer: Any, req: BlsRequest, prompt: list[int] | None = None, *,
-                 skip_special_tokens: bool = True, traits: TokenizerTraits | None = None) -> None:
+                 skip_special_tokens: bool = True, traits: TokenizerTraits | None = None,
+                 include_stop_words: bool = False) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens,
                                              traits=traits or tokenizer_traits(tokenizer))
-        self._stops = StopStringMatcher(req.stop_strings)
+        self._stops = StopStringMatcher(req.stop_strings, include_stop=include_stop_words)
         self._stream = req.stream
         self._pass = _PassThrough()
         self._batch_index = req.batch_index

@@ -5,7 +5,9 @@ Invariants, for any split of a text T into deltas fed in order, then ``flush()``
   that *completes* first (smallest end; on a tie, the one that starts first), or all of T when
   none occurs. "Completes first" is what a streaming reader can know, so the result does not
   depend on how T was split;
-- the stop string itself and everything after it are never returned;
+- the stop string itself and everything after it are never returned (with ``include_stop=True``, the
+  stop string is returned too, as NVIDIA's BLS and vLLM's ``include_stop_str_in_output`` keep it, and
+  only what follows it is dropped);
 - text is returned as early as possible: only a tail of the pending text that is a proper prefix
   of some stop string is held back (it may turn out to start a stop string).
 After a stop, ``feed`` returns ("", True) and ignores its input.
@@ -19,7 +21,8 @@ from collections.abc import Iterable
 class StopStringMatcher:
     """Incremental stop-string matcher; one instance per sequence, not thread-safe."""
 
-    def __init__(self, stop_strings: Iterable[str]) -> None:
+    def __init__(self, stop_strings: Iterable[str], include_stop: bool = False) -> None:
+        self._include = include_stop
         stops = []
         for i, s in enumerate(stop_strings):
             if not isinstance(s, str):
@@ -60,7 +63,7 @@ class StopStringMatcher:
                 first, end, which = i, i + len(s), s
         if which is not None:
             self.stopped, self.matched, self._held = True, which, ""
-            return text[:first], True
+            return text[:end if self._include else first], True
         keep = self._holdback(text)
         self._held = text[len(text) - keep:] if keep else ""
         return text[: len(text) - keep], False
