@@ -216,7 +216,8 @@ class TritonPythonModel:
                 pb_utils.Logger.log_warn(f"tensorrt_llm_bls: stop {row.inner_id} failed: {resp.error().message()}")
 
     def _row_final(self, row, req, chunk):
-        """A row's last chunk: the job's final response once every row is done."""
+        """A row's last chunk: the job's final response once every row is done. Counting the row and
+        sending happen under one lock, so the final flag always leaves after every other row's answer."""
         job = row.job
         row.finished = True
         with self.lock:
@@ -224,14 +225,14 @@ class TritonPythonModel:
             last = job.pending == 0
             if not self.decoupled:
                 job.done[row.index] = chunk.arrays()
-        if not self.decoupled:
-            if last:
-                self._send(job, self._response(stack_rows(job.done) if len(job.done) > 1 else job.done[0]), FINAL)
-        elif req.stream and chunk.empty:  # a stream ends without an empty event when nothing is left
-            if last:
-                self._send(job, None, FINAL)
-        else:
-            self._send(job, self._response(chunk.arrays()), FINAL if last else 0)
+                if last:
+                    self._send_locked(job, self._response(stack_rows(job.done) if len(job.done) > 1
+                                                          else job.done[0]), FINAL)
+            elif req.stream and chunk.empty:  # a stream ends without an empty event when nothing is left
+                if last:
+                    self._send_locked(job, None, FINAL)
+            else:
+                self._send_locked(job, self._response(chunk.arrays()), FINAL if last else 0)
 
     def _response(self, arrays):
         return pb_utils.InferenceResponse(
@@ -245,15 +246,18 @@ class TritonPythonModel:
         watcher: Triton frees the response factory after the final flag, and `is_cancelled()` on a freed
         factory crashes the server (seen on 2.51: SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled)."""
         with self.lock:
-            if job.answered:
-                return
-            if flags == FINAL:
-                job.answered = True
-                self.jobs.discard(job)
-            if response is None:
-                job.sender.send(flags=flags)
-            else:
-                job.sender.send(response, flags=flags)
+            self._send_locked(job, response, flags)
+
+    def _send_locked(self, job, response, flags):
+        if job.answered:
+            return
+        if flags == FINAL:
+            job.answered = True
+            self.jobs.discard(job)
+        if response is None:
+            job.sender.send(flags=flags)
+        else:
+            job.sender.send(response, flags=flags)
 
     @staticmethod
     def _inner_error(error):

@@ -18,7 +18,7 @@ input and does not affect the other requests of the batch; unexpected failures a
 
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.contract import with_client_names
+from tritonllm.error_names import with_client_names
 from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.preprocess import preprocess
 from tritonllm.text.tokenizer import TextTokenizer, chat_mode_from_params, parse_bool

@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 # The stub builds sys.path itself (PYTHONPATH is ignored): make the sibling library package importable.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
-from tritonllm.contract import with_client_names  # noqa: E402
+from tritonllm.error_names import with_client_names  # noqa: E402
 from tritonllm.engine.engine import LLMEngine  # noqa: E402
 from tritonllm.engine.lora import parse_adapter_list  # noqa: E402
 from tritonllm.engine.request import InvalidRequest, QueueFull  # noqa: E402

@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 
+from tritonllm.error_names import with_client_names
 from tritonllm.text import bls_stream as B
 from tritonllm.text.preprocess import InvalidInput, preprocess
 from tritonllm.text.tokenizer import TextTokenizer
@@ -188,15 +189,14 @@ def test_inner_error_messages_use_client_names():
 
 
 def test_ensemble_errors_name_the_client_input_too():
-    from tritonllm import contract as C
     msg = "input length 3 + request_output_len 9000 exceeds max_seq_len 2048"
-    annotated = C.with_client_names(msg)
+    annotated = with_client_names(msg)
     assert annotated == "input length 3 + request_output_len (max_tokens) 9000 exceeds max_seq_len 2048"
-    assert C.with_client_names(annotated) == annotated  # idempotent
-    assert C.with_client_names("STOP_WORDS_DICT[1] is not valid UTF-8") == \
+    assert with_client_names(annotated) == annotated  # idempotent
+    assert with_client_names("STOP_WORDS_DICT[1] is not valid UTF-8") == \
         "STOP_WORDS_DICT[1] (stop_words[1]) is not valid UTF-8"
     assert B.client_message(annotated) == B.client_message(msg) == "input length 3 + max_tokens 9000 exceeds max_seq_len 2048"
-    assert C.with_client_names("streaming and end_id are fine") == "streaming and end_id are fine"
+    assert with_client_names("streaming and end_id are fine") == "streaming and end_id are fine"
 
 
 @pytest.mark.parametrize("message,code", [

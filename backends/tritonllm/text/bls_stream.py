@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract as C
+from ..error_names import to_client_names
 from .detokenizer import IncrementalDetokenizer, TokenizerTraits, tokenizer_traits
 from .preprocess import InvalidInput
 from .stop_strings import StopStringMatcher
@@ -88,8 +89,8 @@ def recovered_code(message: str) -> str:
 
 def client_message(message: str) -> str:
     """An inner model's error message in the client's input names (QUERY -> text_input,
-    request_output_len -> max_tokens, stop_words_list -> stop_words, ...): see contract.to_client_names."""
-    return C.to_client_names(message)
+    request_output_len -> max_tokens, stop_words_list -> stop_words, ...): see error_names.to_client_names."""
+    return to_client_names(message)
 
 
 @dataclass
