@@ -67,8 +67,7 @@ def default_tokenizer_dir() -> Path:
 
 class TritonError(RuntimeError):
     """Triton (or the transport) refused or failed a request. ``status`` is the gRPC status name or HTTP
-    code when the transport gave one (streams ask for Triton's ``triton_grpc_error`` mode, so errors of
-    the models carry one; Triton core's own request checks still arrive as a message only)."""
+    code when the transport gave one (Triton's in-stream errors carry only a message)."""
 
     def __init__(self, message: str, status: str | int | None = None):
         super().__init__(message)
@@ -187,10 +186,9 @@ def grpc_generate(url: str, model: str, prompt: str, params: GenerationParams, s
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     try:
-        # triton_grpc_error: an error ends the stream with its gRPC status (INVALID_ARGUMENT, UNAVAILABLE,
-        # ...), not as a message alone; one request per stream, so nothing else is cut short.
-        client.start_stream(callback=lambda result, error: responses.put((result, error)),
-                            headers={"triton_grpc_error": "true"})
+        # No triton_grpc_error header: it would give in-stream errors a status, but on Triton 2.51 it
+        # crashed the server under some sequences of errors (docs/nvidia_clients.md).
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
         inputs, outputs = grpc_inputs(params, prompt, stream)
         client.async_stream_infer(model, inputs, outputs=outputs, enable_empty_final_response=True)
         while True:

@@ -40,12 +40,13 @@ def grpc_inputs(tensors: dict[str, np.ndarray]) -> list:
 
 
 def stream_request(url: str, model: str, tensors: dict, timeout: float = 120.0, client=None):
-    """One request on its own gRPC stream: (list of {output name: array}, error or None). The stream asks
-    for Triton's ``triton_grpc_error`` mode, so an error ends it with a gRPC status (``error.status()``)."""
+    """One request on its own gRPC stream: (list of {output name: array}, error or None). In-stream errors
+    carry a message only (``error.status()`` is None): Triton's ``triton_grpc_error`` header would add the
+    status, but on 2.51 it crashed the server under some sequences of errors (docs/nvidia_clients.md)."""
     own = client is None
     client = client or grpcclient.InferenceServerClient(url)
     q: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((result, error)), headers={"triton_grpc_error": "true"})
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
     chunks: list[dict] = []
     done = False
     try:

@@ -140,8 +140,10 @@ def test_nvidia_stop_request_ends_the_running_request_normally(triton_server):
     assert m["llm_kv_cache_usage_ratio"] == 0.0
 
 
-def test_a_stop_request_without_an_id_is_refused_by_name(triton_server):
+def test_a_stop_request_without_an_id_is_refused_by_name(triton_server, unary_server):
     _, err = stream_request(triton_server.grpc_url, "tensorrt_llm", _stop_tensors())
+    assert err is not None and err.message().startswith("stop:"), err
+    _, err = unary_request(unary_server.grpc_url, "tensorrt_llm", _stop_tensors())  # a unary call has the status
     assert err is not None and err.status() == "StatusCode.INVALID_ARGUMENT" and "stop:" in err.message(), err
 
 
