@@ -1,13 +1,22 @@
-"""HF checkpoint -> FP8 TensorRT-LLM engine for the GPU profile (``tensorrt_llm/configs/trtllm.pbtxt``).
+"""HF checkpoint -> quantized TensorRT-LLM engine for the GPU profile (``tensorrt_llm/configs/trtllm.pbtxt``).
 
-Two steps, both NVIDIA's own tools (documented interfaces; not run on the CPU machines of this project):
+Steps, all NVIDIA's own tools (flags read from their source, see ``QUANTIZE_SOURCE`` / ``BUILD_SOURCE``;
+not run on the CPU machines of this project):
 
-1. ``python examples/quantization/quantize.py --model_dir HF --qformat fp8 --kv_cache_dtype fp8 ...``
+1. ``python examples/quantization/quantize.py --model_dir HF --qformat Q --kv_cache_dtype K ...``
    (TensorRT-LLM's ModelOpt post-training quantization; writes a TensorRT-LLM checkpoint, one
-   ``rank<N>.safetensors`` per rank of ``--tp_size x --pp_size``).
+   ``rank<N>.safetensors`` per rank of ``--tp_size x --pp_size``). ``Q`` is ``profiles.trtllm.qformat``:
+   ``fp8`` (default), ``int4_awq``, ``w4a8_awq`` or ``int8_sq``; ``K`` is ``fp8``, ``int8`` or ``auto``
+   (no flag: the model dtype).
 2. ``trtllm-build --checkpoint_dir CKPT --output_dir ENGINE --gemm_plugin auto
-   --use_paged_context_fmha enable --use_fp8_context_fmha enable --max_batch_size ... --max_num_tokens ...``
-   (tp / pp come from the checkpoint: trtllm-build has no tp/pp flags of its own).
+   --use_paged_context_fmha enable --use_fp8_context_fmha enable|disable --max_batch_size ... --max_num_tokens ...``
+   (tp / pp come from the checkpoint: trtllm-build has no tp/pp flags of its own), plus what the profile's
+   features ask for, so the engine serves every tensor the rendered config declares (``profiles/trtllm.py``
+   ``FEATURES``): ``lora`` -> ``--lora_plugin auto --lora_target_modules ... --max_lora_rank R``;
+   ``gather_logits`` -> ``--gather_context_logits --gather_generation_logits``; ``max_draft_len`` N > 0 ->
+   ``--speculative_decoding_mode draft_tokens_external --max_draft_len N``.
+3. ``guided_decoding`` only: ``python examples/generate_xgrammar_tokenizer_info.py --model_dir HF
+   --output_dir ENGINE``, which writes the ``xgrammar_tokenizer_info.json`` the config names.
 
 Usage:
     python build_scripts/build_trtllm_engine.py --checkpoint /models/Llama-3.1-8B-Instruct --dry-run
@@ -19,9 +28,11 @@ Invariants:
 - Defaults come from ``deployment.yaml`` (``profiles.trtllm``; ``llm.gpt_model_path`` for the checkpoint),
   so the engine is built with the limits the rendered GPU config assumes; flags override.
 - Before a real build: TensorRT-LLM >= ``MIN_TRTLLM_VERSION`` is installed, ``trtllm-build`` and the
-  quantize script exist, and every visible GPU is SM >= 8.9 (FP8 tensor cores: Ada, Hopper, Blackwell).
-  FP8 context FMHA is documented by NVIDIA for Hopper (SM 9.0+): ``--fp8-context-fmha auto`` disables it
-  on SM 8.9. Every failure is one clear message and exit code 2; nothing is half-built silently.
+  quantize script exist, and every visible GPU is SM >= 8.9 when the format computes in FP8 (``fp8``,
+  ``w4a8_awq``, an FP8 KV cache: Ada, Hopper, Blackwell), SM >= 8.0 otherwise (INT4 AWQ / INT8 SQ
+  kernels start at Ampere). FP8 context FMHA needs an FP8 KV cache and is documented by NVIDIA for
+  Hopper (SM 9.0+): ``--fp8-context-fmha auto`` disables it elsewhere. Every failure is one clear
+  message and exit code 2; nothing is half-built silently.
 - After a real build the engine folder holds ``config.json`` and one ``rank<N>.engine`` per rank.
 """
 from __future__ import annotations
@@ -47,6 +58,17 @@ FP8_MIN_SM = (8, 9)
 FP8_FMHA_MIN_SM = (9, 0)
 DEFAULT_ENGINE_DIR = "model_repository/tensorrt_llm/1"
 DEFAULT_QUANTIZE_SCRIPT = "/app/tensorrt_llm/examples/quantization/quantize.py"
+DEFAULT_XGRAMMAR_SCRIPT = "/app/tensorrt_llm/examples/generate_xgrammar_tokenizer_info.py"
+# Read from NVIDIA/TensorRT-LLM (not run): quantize.py --qformat choices (line 67) and --kv_cache_dtype
+# (line 110) at c8c6df08bd0ead54cd47f7973e1e425c28a174cd; trtllm-build flags in tensorrt_llm/commands/build.py
+# at 65f1d1533 (--gather_*_logits 245-254, --lora_* 263-284, --speculative_decoding_mode 291, --max_draft_len
+# 299) and tensorrt_llm/plugin/plugin.py at c20322ff (--lora_plugin 153, --use_*_fmha 252-256).
+QUANTIZE_SOURCE = "examples/quantization/quantize.py@c8c6df08bd0ead54cd47f7973e1e425c28a174cd"
+BUILD_SOURCE = "tensorrt_llm/commands/build.py@65f1d1533, tensorrt_llm/plugin/plugin.py@c20322ff"
+QFORMATS = ("fp8", "int4_awq", "w4a8_awq", "int8_sq")  # of quantize.py's nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int8_wo int4_wo
+KV_CACHE_DTYPES = ("fp8", "int8", "auto")
+FP8_QFORMATS = ("fp8", "w4a8_awq")
+INT_MIN_SM = (8, 0)
 
 
 class BuildError(RuntimeError):
@@ -72,6 +94,19 @@ class BuildPlan:
     workers: int = 1
     python: str = "python3"
     quantize_script: str = DEFAULT_QUANTIZE_SCRIPT
+    qformat: str = "fp8"
+    kv_cache_dtype: str = "fp8"
+    lora: bool = False
+    max_lora_rank: int = 64
+    lora_target_modules: tuple[str, ...] = ("attn_q", "attn_k", "attn_v")
+    gather_logits: bool = False
+    max_draft_len: int = 0
+    guided_decoding: bool = False
+    xgrammar_script: str = DEFAULT_XGRAMMAR_SCRIPT
+
+    @property
+    def needs_fp8(self) -> bool:
+        return self.qformat in FP8_QFORMATS or self.kv_cache_dtype == "fp8"
 
     @property
     def world_size(self) -> int:
@@ -86,6 +121,14 @@ class BuildPlan:
             raise BuildError(f"max_input_len {self.max_input_len} exceeds max_seq_len {self.max_seq_len}")
         if self.workers > self.world_size:
             raise BuildError(f"workers {self.workers} exceeds the world size tp x pp = {self.world_size}")
+        if self.qformat not in QFORMATS:
+            raise BuildError(f"qformat {self.qformat!r}: choose one of {', '.join(QFORMATS)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise BuildError(f"kv_cache_dtype {self.kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.max_draft_len < 0 or (self.max_draft_len and self.gather_logits):
+            raise BuildError("max_draft_len must be >= 0, and trtllm-build refuses it with --gather_context_logits")
+        if self.lora and (self.max_lora_rank <= 0 or not self.lora_target_modules):
+            raise BuildError("lora needs max_lora_rank > 0 and lora_target_modules")
 
 
 def plan_commands(plan: BuildPlan) -> list[list[str]]:
@@ -94,9 +137,10 @@ def plan_commands(plan: BuildPlan) -> list[list[str]]:
     quantize = [plan.python, plan.quantize_script,
                 "--model_dir", plan.checkpoint,
                 "--dtype", plan.dtype,
-                "--qformat", "fp8",
-                "--kv_cache_dtype", "fp8",
-                "--calib_size", str(plan.calib_size)]
+                "--qformat", plan.qformat]
+    if plan.kv_cache_dtype != "auto":
+        quantize += ["--kv_cache_dtype", plan.kv_cache_dtype]
+    quantize += ["--calib_size", str(plan.calib_size)]
     if plan.calib_dataset:
         quantize += ["--calib_dataset", plan.calib_dataset]
     quantize += ["--tp_size", str(plan.tp_size),
@@ -108,14 +152,25 @@ def plan_commands(plan: BuildPlan) -> list[list[str]]:
              "--output_dir", plan.engine_dir,
              "--gemm_plugin", "auto",
              "--use_paged_context_fmha", "enable",
-             "--use_fp8_context_fmha", "enable" if plan.fp8_context_fmha else "disable",
+             "--use_fp8_context_fmha", "enable" if plan.fp8_context_fmha and plan.kv_cache_dtype == "fp8" else "disable",
              "--max_batch_size", str(plan.max_batch_size),
              "--max_input_len", str(plan.max_input_len),
              "--max_seq_len", str(plan.max_seq_len),
              "--max_num_tokens", str(plan.max_num_tokens),
              "--max_beam_width", str(plan.max_beam_width),
              "--workers", str(plan.workers)]
-    return [quantize, build]
+    if plan.lora:
+        build += ["--lora_plugin", "auto", "--lora_target_modules", *plan.lora_target_modules,
+                  "--max_lora_rank", str(plan.max_lora_rank)]
+    if plan.gather_logits:
+        build += ["--gather_context_logits", "--gather_generation_logits"]
+    if plan.max_draft_len:
+        build += ["--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", str(plan.max_draft_len)]
+    commands = [quantize, build]
+    if plan.guided_decoding:
+        commands.append([plan.python, plan.xgrammar_script, "--model_dir", plan.checkpoint,
+                         "--output_dir", plan.engine_dir])
+    return commands
 
 
 # --------------------------------------------------------------------------- environment checks
@@ -185,15 +240,21 @@ def sm(cap: tuple[int, int]) -> str:
     return f"SM {cap[0]}.{cap[1]}"
 
 
-def check_gpus(caps: list[tuple[int, int]]) -> None:
-    """FP8 needs SM 8.9+ on every GPU the engine may run on (an engine is tied to one architecture)."""
+def check_gpus(caps: list[tuple[int, int]], fp8: bool = True) -> None:
+    """FP8 needs SM 8.9+ on every GPU the engine may run on (an engine is tied to one architecture);
+    the integer formats SM 8.0+."""
     if not caps:
-        raise BuildError("no NVIDIA GPU visible (nvidia-smi / torch.cuda): FP8 quantization and trtllm-build "
+        raise BuildError("no NVIDIA GPU visible (nvidia-smi / torch.cuda): quantization and trtllm-build "
                          "need one. Use --dry-run to print the commands on a machine without a GPU.")
-    too_old = sorted({c for c in caps if c < FP8_MIN_SM})
-    if too_old:
+    need = FP8_MIN_SM if fp8 else INT_MIN_SM
+    too_old = sorted({c for c in caps if c < need})
+    if too_old and fp8:
         raise BuildError(f"FP8 needs compute capability >= {sm(FP8_MIN_SM)} (Ada, Hopper, Blackwell); found "
-                         f"{', '.join(map(sm, too_old))} (e.g. A100 is SM 8.0). Use a bf16 or int8 engine there.")
+                         f"{', '.join(map(sm, too_old))} (e.g. A100 is SM 8.0). Use qformat int4_awq or "
+                         "int8_sq with kv_cache_dtype int8 there.")
+    if too_old:
+        raise BuildError(f"TensorRT-LLM's INT4 AWQ / INT8 SmoothQuant kernels need compute capability >= "
+                         f"{sm(INT_MIN_SM)}; found {', '.join(map(sm, too_old))}.")
     if len(set(caps)) > 1:
         raise BuildError(f"mixed GPU architectures ({', '.join(map(sm, sorted(set(caps))))}): a TensorRT engine "
                          "runs only on the architecture it was built on; set CUDA_VISIBLE_DEVICES to one kind.")
@@ -235,8 +296,8 @@ def build_parser(llm: dict, s: dict) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=s.get("checkpoint_dir") or llm.get("gpt_model_path"),
                    help="HF checkpoint folder (default: profiles.trtllm.checkpoint_dir, else llm.gpt_model_path)")
     p.add_argument("--output", default=s.get("engine_dir", DEFAULT_ENGINE_DIR), help="engine folder")
-    p.add_argument("--work-dir", default="build/trtllm/checkpoint_fp8",
-                   help="where quantize.py writes the TensorRT-LLM checkpoint")
+    p.add_argument("--work-dir", default=None,
+                   help="where quantize.py writes the TensorRT-LLM checkpoint (default build/trtllm/checkpoint_<qformat>)")
     for flag, key, default in (("--tp-size", "tp_size", 1), ("--pp-size", "pp_size", 1),
                                ("--max-batch-size", "max_batch_size", 64), ("--max-input-len", "max_input_len", 2048),
                                ("--max-seq-len", "max_seq_len", 4096), ("--max-num-tokens", "max_num_tokens", 8192),
@@ -247,6 +308,11 @@ def build_parser(llm: dict, s: dict) -> argparse.ArgumentParser:
     p.add_argument("--calib-dataset", default=s.get("calib_dataset"),
                    help="HF dataset name or local folder for calibration (quantize.py default: cnn_dailymail)")
     p.add_argument("--fp8-context-fmha", default="auto", choices=["auto", "enable", "disable"])
+    p.add_argument("--qformat", default=s.get("qformat", "fp8"), choices=QFORMATS,
+                   help="quantize.py --qformat (default: profiles.trtllm.qformat)")
+    p.add_argument("--kv-cache-dtype", default=s.get("kv_cache_dtype", "fp8"), choices=KV_CACHE_DTYPES)
+    p.add_argument("--xgrammar-script", default=os.environ.get("TRTLLM_XGRAMMAR_SCRIPT", DEFAULT_XGRAMMAR_SCRIPT),
+                   help="TensorRT-LLM's examples/generate_xgrammar_tokenizer_info.py (guided_decoding only)")
     p.add_argument("--quantize-script", default=os.environ.get("TRTLLM_QUANTIZE_SCRIPT", DEFAULT_QUANTIZE_SCRIPT),
                    help="TensorRT-LLM's examples/quantization/quantize.py (env TRTLLM_QUANTIZE_SCRIPT)")
     p.add_argument("--python", default="python3", help="interpreter that has tensorrt_llm")
@@ -265,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.checkpoint:
             raise BuildError("--checkpoint is required (no llm.gpt_model_path in the deployment)")
         caps = detect_compute_caps()
-        for check in (lambda: check_trtllm_version(installed_trtllm_version()), lambda: check_gpus(caps)):
+        fp8 = args.qformat in FP8_QFORMATS or args.kv_cache_dtype == "fp8"
+        for check in (lambda: check_trtllm_version(installed_trtllm_version()), lambda: check_gpus(caps, fp8)):
             try:
                 check()
             except BuildError as e:
@@ -274,12 +341,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# dry run; a real build would stop here: {e}", file=sys.stderr)
         fmha, note = resolve_fp8_context_fmha(args.fp8_context_fmha, caps)
         plan = BuildPlan(
-            checkpoint=repo_path(args.checkpoint), quantized_dir=repo_path(args.work_dir),
+            checkpoint=repo_path(args.checkpoint),
+            quantized_dir=repo_path(args.work_dir or f"build/trtllm/checkpoint_{args.qformat}"),
             engine_dir=repo_path(args.output), tp_size=args.tp_size, pp_size=args.pp_size,
             max_batch_size=args.max_batch_size, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
             max_num_tokens=args.max_num_tokens, max_beam_width=args.max_beam_width, dtype=args.dtype,
             calib_size=args.calib_size, calib_dataset=args.calib_dataset, fp8_context_fmha=fmha,
-            workers=args.workers or 1, python=args.python, quantize_script=args.quantize_script)
+            workers=args.workers or 1, python=args.python, quantize_script=args.quantize_script,
+            qformat=args.qformat, kv_cache_dtype=args.kv_cache_dtype, lora=bool(settings.get("lora", False)),
+            max_lora_rank=int(settings.get("max_lora_rank", 64)),
+            lora_target_modules=tuple(settings.get("lora_target_modules") or ("attn_q", "attn_k", "attn_v")),
+            gather_logits=bool(settings.get("gather_logits", False)),
+            max_draft_len=int(settings.get("max_draft_len", 0) or 0),
+            guided_decoding=bool(settings.get("guided_decoding", False)), xgrammar_script=args.xgrammar_script)
         commands = plan_commands(plan)
         if note:
             print(f"# note: {note}", file=sys.stderr)
@@ -296,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_build(plan: BuildPlan, commands: list[list[str]]) -> None:
+    if plan.guided_decoding and not Path(plan.xgrammar_script).is_file():
+        raise BuildError(f"tokenizer-info script not found: {plan.xgrammar_script} (TensorRT-LLM's "
+                         "examples/generate_xgrammar_tokenizer_info.py; pass --xgrammar-script)")
     if not Path(plan.quantize_script).is_file():
         raise BuildError(f"quantize script not found: {plan.quantize_script}. Clone TensorRT-LLM at the tag "
                          "matching the installed version and pass --quantize-script (or TRTLLM_QUANTIZE_SCRIPT).")
@@ -308,12 +385,13 @@ def run_build(plan: BuildPlan, commands: list[list[str]]) -> None:
         print(f"$ {shlex.join(cmd)}", flush=True)
         if subprocess.run(cmd).returncode != 0:
             raise BuildError(f"step failed: {cmd[0] if cmd[0] != plan.python else cmd[1]}")
-    check_engine_dir(Path(plan.engine_dir), plan.world_size)
+    check_engine_dir(Path(plan.engine_dir), plan.world_size, plan.guided_decoding)
 
 
-def check_engine_dir(engine_dir: Path, world_size: int) -> None:
-    missing = [n for n in ["config.json"] + [f"rank{r}.engine" for r in range(world_size)]
-               if not (engine_dir / n).is_file()]
+def check_engine_dir(engine_dir: Path, world_size: int, guided_decoding: bool = False) -> None:
+    names = ["config.json"] + [f"rank{r}.engine" for r in range(world_size)]
+    names += ["xgrammar_tokenizer_info.json"] if guided_decoding else []
+    missing = [n for n in names if not (engine_dir / n).is_file()]
     if missing:
         raise BuildError(f"engine folder {engine_dir} is incomplete: missing {', '.join(missing)}")
 

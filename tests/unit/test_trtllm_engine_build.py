@@ -128,3 +128,51 @@ def test_engine_dir_check(tmp_path):
     b.check_engine_dir(tmp_path, 1)
     with pytest.raises(b.BuildError, match="rank1.engine"):
         b.check_engine_dir(tmp_path, 2)
+
+
+@pytest.mark.parametrize("qformat, kv, fmha", [
+    ("int4_awq", "auto", "disable"), ("w4a8_awq", "fp8", "enable"), ("int8_sq", "int8", "disable"),
+])
+def test_other_quantized_formats_use_nvidias_qformat_names(qformat, kv, fmha):
+    quantize, build = b.plan_commands(plan(qformat=qformat, kv_cache_dtype=kv))
+    assert quantize[quantize.index("--qformat") + 1] == qformat
+    assert ("--kv_cache_dtype" in quantize) == (kv != "auto")
+    if kv != "auto":
+        assert quantize[quantize.index("--kv_cache_dtype") + 1] == kv
+    # FP8 context attention reads an FP8 KV cache: off for every other cache dtype.
+    assert build[build.index("--use_fp8_context_fmha") + 1] == fmha
+    assert plan(qformat=qformat, kv_cache_dtype=kv).needs_fp8 == (qformat == "w4a8_awq" or kv == "fp8")
+
+
+def test_integer_formats_build_on_ampere_but_fp8_does_not():
+    b.check_gpus([(8, 0)], fp8=False)          # A100: INT4 AWQ / INT8 SQ fine
+    with pytest.raises(b.BuildError, match=r"SM 8\.0"):
+        b.check_gpus([(7, 5)], fp8=False)
+    with pytest.raises(b.BuildError, match="int4_awq"):
+        b.check_gpus([(8, 0)], fp8=True)        # the FP8 refusal names the alternative
+
+
+def test_features_add_the_engine_flags_the_config_needs():
+    cmds = b.plan_commands(plan(lora=True, max_lora_rank=16, gather_logits=True, guided_decoding=True))
+    build = cmds[1]
+    i = build.index("--lora_plugin")
+    assert build[i:i + 7] == ["--lora_plugin", "auto", "--lora_target_modules", "attn_q", "attn_k", "attn_v",
+                              "--max_lora_rank"] and build[i + 7] == "16"
+    assert "--gather_context_logits" in build and "--gather_generation_logits" in build
+    assert cmds[2] == ["python3", b.DEFAULT_XGRAMMAR_SCRIPT, "--model_dir", "/models/llama",
+                       "--output_dir", "/repo/model_repository/tensorrt_llm/1"]
+    build = b.plan_commands(plan(max_draft_len=4))[1]
+    assert build[build.index("--speculative_decoding_mode"):][:4] == [
+        "--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", "4"]
+    with pytest.raises(b.BuildError, match="gather_context_logits"):
+        b.plan_commands(plan(max_draft_len=4, gather_logits=True))
+    with pytest.raises(b.BuildError, match="qformat"):
+        b.plan_commands(plan(qformat="nvfp4"))
+    assert len(b.plan_commands(plan())) == 2 and "--lora_plugin" not in b.plan_commands(plan())[1]
+
+
+def test_guided_engine_dir_must_hold_the_tokenizer_info(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "rank0.engine").write_bytes(b"")
+    with pytest.raises(b.BuildError, match="xgrammar_tokenizer_info.json"):
+        b.check_engine_dir(tmp_path, 1, guided_decoding=True)

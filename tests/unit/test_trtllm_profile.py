@@ -77,12 +77,11 @@ def test_gpu_tensors_equal_the_default_ones_minus_engine_only_outputs(deployment
     gpu = parse(files[GPU_FILES[0]])
     cpu = rc.render_default(deployment, ROOT)[C.TENSORRT_LLM]
     # same tensor mapping as render_configs.tensor_msg, minus our marker input
-    assert list(gpu.input) == [t for t in cpu.input if t.name not in trtllm.NON_NVIDIA_INPUTS]
-    assert trtllm.NON_NVIDIA_INPUTS == {"ensemble_names"}
-    assert list(gpu.output) == [t for t in cpu.output if t.name not in trtllm.NON_NVIDIA_OUTPUTS]
+    drop_in, drop_out = trtllm.left_out(trtllm.settings_with_defaults(deployment["profiles"]["trtllm"]))
+    assert list(gpu.input) == [t for t in cpu.input if t.name not in drop_in]
+    assert trtllm.NON_NVIDIA_INPUTS == {"ensemble_names"} and trtllm.NON_NVIDIA_INPUTS <= drop_in
+    assert list(gpu.output) == [t for t in cpu.output if t.name not in drop_out]
     assert not {t.name for t in gpu.output} & {"request_key", "is_final"}
-    if hasattr(C, "NVIDIA_TENSORRT_LLM_OUTPUTS"):
-        assert [t.name for t in gpu.output] == [t.name for t in C.NVIDIA_TENSORRT_LLM_OUTPUTS]
 
 
 def test_gpu_ensemble_has_no_mapping_of_engine_only_outputs(deployment, files):
@@ -93,12 +92,17 @@ def test_gpu_ensemble_has_no_mapping_of_engine_only_outputs(deployment, files):
         assert not set(step.output_map) & trtllm.NON_NVIDIA_OUTPUTS
         assert not any(v.lstrip("_").lower() in trtllm.NON_NVIDIA_OUTPUTS for v in step.input_map.values())
     # Everything else is the default wiring, unchanged.
+    drop_in, drop_out = trtllm.left_out(trtllm.settings_with_defaults(deployment["profiles"]["trtllm"]))
     ours = {t.name for tensors in C.MODEL_TENSORS.values() for group in tensors for t in group if not t.nvidia}
+    ours |= drop_out
     for gpu_step, cpu_step in zip(ens.ensemble_scheduling.step, default.ensemble_scheduling.step):
         cpu_out = {k: v for k, v in cpu_step.output_map.items() if k not in ours}
         assert dict(gpu_step.output_map) == cpu_out
         assert set(gpu_step.input_map.items()) <= set(cpu_step.input_map.items())
-    assert list(ens.input) == list(default.input) and list(ens.output) == list(default.output)
+    gone = {t.name for t in default.input} - {t.name for t in ens.input}
+    assert gone and gone <= drop_in  # only inputs of features the engine lacks, e.g. lora_task_id
+    assert [t for t in default.input if t.name not in gone] == list(ens.input)
+    assert [t for t in default.output if t.name not in drop_out] == list(ens.output)
 
 
 def test_pruning_refuses_a_required_input_fed_only_by_an_engine_only_output(monkeypatch, deployment):
@@ -162,3 +166,60 @@ def test_mpi_dry_run_uses_tp_times_pp_from_the_deployment(capsys, deployment):
     assert mpi.main(["--dry-run", "--world-size", "4", "--tritonserver", "ts"]) == 0
     cmd = shlex.split(capsys.readouterr().out)
     assert cmd.count(":") == 3 and cmd.count("--load-model=tensorrt_llm") == 3
+
+
+def test_every_key_nvidias_backend_requires_is_rendered_and_every_rendered_key_is_read(files):
+    """The C++ backend throws "Cannot find parameter with name: ..." for REQUIRED keys (NVIDIA's
+    model_instance_state.cc, see profiles/_tensorrtllm_params.py); a key it never reads would be a typo."""
+    from profiles import _tensorrtllm_params as P
+
+    params = parse(files[GPU_FILES[0]]).parameters
+    assert set(P.REQUIRED) == {"gpt_model_type", "tokenizer_dir", "xgrammar_tokenizer_info_path",
+                               "guided_decoding_backend"}
+    assert set(P.REQUIRED) <= set(params)
+    assert set(params) <= set(P.BY_KEY) | set(P.TEMPLATE_ONLY)
+    assert params["tokenizer_dir"].string_value == "/workspace/tritonllm/build/models/demo"
+    # guided decoding off: both empty, as the backend's "unset" (model_instance_state.cc:424-427)
+    assert params["xgrammar_tokenizer_info_path"].string_value == params["guided_decoding_backend"].string_value == ""
+
+
+FEATURE_ON = {"lora": True, "gather_logits": True, "max_draft_len": 4, "guided_decoding": True}
+
+
+@pytest.mark.parametrize("feature", sorted(trtllm.FEATURES))
+def test_a_feature_the_engine_is_built_with_brings_its_tensors_back(deployment, feature):
+    dep = copy.deepcopy(deployment)
+    dep["profiles"]["trtllm"][feature] = FEATURE_ON[feature]
+    dep["profiles"]["trtllm"]["lora_prefetch_dir"] = "build/trtllm/lora"
+    files = rc.render_files(dep, ROOT)  # passes the cross-checks
+    llm, ens = parse(files[GPU_FILES[0]]), parse(files[GPU_FILES[1]])
+    ins, outs = trtllm.FEATURES[feature]
+    assert set(ins) <= {t.name for t in llm.input} and set(outs) <= {t.name for t in llm.output}
+    off = rc.render_files(deployment, ROOT)
+    off_llm = parse(off[GPU_FILES[0]])
+    assert not (set(ins) & {t.name for t in off_llm.input}) and not (set(outs) & {t.name for t in off_llm.output})
+    ens_in = {t.name for t in ens.input}
+    assert ens_in - {t.name for t in parse(off[GPU_FILES[1]]).input} <= set(ins)
+    params = {k: v.string_value for k, v in llm.parameters.items()}
+    if feature == "guided_decoding":
+        assert params["guided_decoding_backend"] == "xgrammar"
+        assert params["xgrammar_tokenizer_info_path"] == \
+            "/workspace/tritonllm/model_repository/tensorrt_llm/1/xgrammar_tokenizer_info.json"
+    if feature == "lora":
+        assert params["lora_prefetch_dir"] == "/workspace/tritonllm/build/trtllm/lora"
+    else:
+        assert "lora_prefetch_dir" not in params
+
+
+@pytest.mark.parametrize("changes, msg", [
+    ({"qformat": "int3"}, "qformat"),
+    ({"kv_cache_dtype": "fp4"}, "kv_cache_dtype"),
+    ({"max_draft_len": -1}, "max_draft_len"),
+    ({"max_draft_len": 4, "gather_logits": True}, "cannot be combined"),
+    ({"lora_target_modules": []}, "lora_target_modules"),
+])
+def test_bad_feature_settings_are_refused(deployment, changes, msg):
+    dep = copy.deepcopy(deployment)
+    dep["profiles"]["trtllm"].update(changes)
+    with pytest.raises(ValueError, match=msg):
+        rc.render_files(dep, ROOT)
