@@ -4,7 +4,7 @@ Usage:
     python build_scripts/render_configs.py            # write the configs
     python build_scripts/render_configs.py --check    # exit 1 if the committed configs differ
 
-Writes model_repository/{preprocessing,postprocessing,tensorrt_llm,tensorrt_llm_bls,llm_router,moderated_llm}/
+Writes model_repository/{preprocessing,postprocessing,tensorrt_llm,tensorrt_llm_bls,llm_router,moderated_llm,llmapi}/
 config.pbtxt and ensembles/ensemble/config.pbtxt (each with an empty version folder ``1/`` kept by
 ``.gitkeep``), plus
 ``<model>/configs/<profile>.pbtxt`` for each profile named in the deployment's ``profiles:`` (rendered by
@@ -52,8 +52,9 @@ MODEL_DIRS = {
     C.ENSEMBLE: "ensembles/ensemble",
     C.ROUTER: "model_repository/llm_router",
     C.MODERATED: "model_repository/moderated_llm",
+    C.LLMAPI: "model_repository/llmapi",
 }
-UNBATCHED = (C.BLS, C.ROUTER, C.MODERATED)  # BLS models fan out to batched models: no batcher in front
+UNBATCHED = (C.BLS, C.ROUTER, C.MODERATED, C.LLMAPI)  # BLS models fan out to batched models: no batcher in front
 DECOUPLED_MODE_MODELS = C.DECOUPLED_MODE_MODELS
 # Parameters each model receives from the `llm:` section (besides its own `parameters:`).
 LLM_PARAMS = {
@@ -63,6 +64,7 @@ LLM_PARAMS = {
     C.BLS: ("tokenizer_dir",),
     C.ROUTER: (),
     C.MODERATED: (),
+    C.LLMAPI: ("tokenizer_dir",),
 }
 ALLOWED_VALUES = {
     "gpt_model_type": {"inflight_fused_batching", "V1"},
@@ -149,7 +151,8 @@ def set_params(cfg: mc.ModelConfig, params: dict, model_dir: str, repo: Path) ->
 
 def python_model(name: str, spec: dict, llm: dict, repo: Path) -> mc.ModelConfig:
     inputs, outputs = C.MODEL_TENSORS[name]
-    cfg = mc.ModelConfig(name=name, backend=spec["backend"], max_batch_size=int(llm["max_batch_size"]))
+    mbs = 0 if name in C.UNBATCHED_MODELS else int(llm["max_batch_size"])
+    cfg = mc.ModelConfig(name=name, backend=spec["backend"], max_batch_size=mbs)
     cfg.input.extend(tensor_msg(t, mc.ModelInput) for t in inputs)
     cfg.output.extend(tensor_msg(t, mc.ModelOutput) for t in outputs)
     decoupled = llm.get("decoupled_mode", True) if name in DECOUPLED_MODE_MODELS else spec.get("decoupled", False)

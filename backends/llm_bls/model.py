@@ -17,7 +17,11 @@ request carries a unique request id, and a second request to tensorrt_llm with `
 id aborts it (NVIDIA's tensorrt_llm contract; our torchllm aborts the engine request, which frees its KV
 blocks, and ends the stream normally). The iterator is then drained so nothing is left pending.
 
-Config parameters (string_value): tokenizer_dir, tensorrt_llm_model_name, preprocessing_model_name,
+Contracts (parameter ``contract``): ``ensemble`` (default; NVIDIA's ensemble / BLS tensors, model
+``tensorrt_llm_bls``) or ``llmapi`` (NVIDIA's LLM-API model: one request is one row, text cumulative,
+``stop`` cancels by request id; ``tritonllm.text.llmapi_text``).
+
+Config parameters (string_value): contract, tokenizer_dir, tensorrt_llm_model_name, preprocessing_model_name,
 skip_special_tokens (default true), include_stop_words (default false: text ends just before a stop
 word, OpenAI's semantics; true: through it, NVIDIA's BLS), max_inflight_requests (worker threads,
 default 64; more rows queue), accumulate_tokens (NVIDIA's; ignored: deltas are exact without it).
@@ -38,6 +42,7 @@ from tritonllm import contract as C  # noqa: E402
 from tritonllm.llm_io import STREAMING_NEEDS_DECOUPLED, stack_rows  # noqa: E402
 from tritonllm.paths import model_parameters, model_path_param  # noqa: E402
 from tritonllm.text import bls_stream as B  # noqa: E402
+from tritonllm.text import llmapi_text as LT  # noqa: E402
 from tritonllm.text.detokenizer import tokenizer_traits  # noqa: E402
 from tritonllm.text.preprocess import InvalidInput  # noqa: E402
 from tritonllm.text.tokenizer import load_tokenizer, parse_bool  # noqa: E402
@@ -55,10 +60,12 @@ class _InnerError(Exception):
 class _Job:
     """One client request: its sender and what its rows have done (guarded by the model's lock)."""
 
-    __slots__ = ("sender", "cancelled", "answered", "pending", "done")
+    __slots__ = ("sender", "triton_id", "rows", "cancelled", "answered", "pending", "done")
 
-    def __init__(self, sender, rows):
+    def __init__(self, sender, rows, triton_id=""):
         self.sender = sender
+        self.triton_id = triton_id
+        self.rows = []          # its _Row objects (a `stop` request stops their engine requests)
         self.cancelled = False  # set by the watcher thread when the client cancels
         self.answered = False   # the final response went out: nothing more may be sent
         self.pending = rows     # rows not finished yet
@@ -85,6 +92,10 @@ class TritonPythonModel:
         self.traits = tokenizer_traits(self.tokenizer)
         self.skip_special = parse_bool(params.get("skip_special_tokens"), True)
         self.include_stop_words = parse_bool(params.get("include_stop_words"), False)
+        self.llmapi = (params.get("contract") or "ensemble") == "llmapi"
+        if params.get("contract") not in (None, "", "ensemble", "llmapi"):
+            raise pb_utils.TritonModelException(f"contract {params['contract']!r}: use ensemble or llmapi")
+        self.names = LT.client_names if self.llmapi else (lambda message: message)
         self.llm_model = params.get("tensorrt_llm_model_name") or C.TENSORRT_LLM
         self.pre_model = params.get("preprocessing_model_name") or C.PREPROCESSING
         self.input_names = [t["name"] for t in config.get("input", [])]
@@ -111,28 +122,34 @@ class TritonPythonModel:
                 if t is not None:
                     arrays[name] = t.as_numpy()
             try:
-                rows = B.split_rows(arrays)
+                if self.llmapi and LT.is_stop(arrays):
+                    self._stop_request(sender, request.request_id())
+                    continue
+                rows = [arrays] if self.llmapi else B.split_rows(arrays)
             except InvalidInput as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     str(e), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
                 continue
-            job = _Job(sender, len(rows))
+            job = _Job(sender, len(rows), request.request_id())
+            job.rows = [_Row(job, i, str(self.id_base + next(self.ids))) for i in range(len(rows))]
             with self.lock:
                 self.jobs.add(job)
-            for i, row_arrays in enumerate(rows):
-                row = _Row(job, i, str(self.id_base + next(self.ids)))
-                self.pool.submit(self._run, row, row_arrays, i if len(rows) > 1 else None)
+            for row, row_arrays in zip(job.rows, rows):
+                self.pool.submit(self._run, row, row_arrays, row.index if len(rows) > 1 else None)
         return None
 
     # ---- worker thread -----------------------------------------------------------------------------
     def _run(self, row, arrays, batch_index):
         try:
-            req = B.parse_request(arrays, batch_index if self.decoupled else None)
+            if self.llmapi:
+                req = LT.parse(arrays)
+            else:
+                req = B.parse_request(arrays, batch_index if self.decoupled else None)
             if req.stream and not self.decoupled:
-                raise InvalidInput(f"stream: {STREAMING_NEEDS_DECOUPLED}")
+                raise InvalidInput(self.names(f"stream: {STREAMING_NEEDS_DECOUPLED}"))
             pre = self._preprocess(req)
-            gen = B.TextGeneration(self.tokenizer, req, B.prompt_ids(pre), skip_special_tokens=self.skip_special,
-                                   traits=self.traits, include_stop_words=self.include_stop_words)
+            gen = LT.generation_for(self.tokenizer, req, B.prompt_ids(pre), skip_special_tokens=self.skip_special,
+                                    traits=self.traits, include_stop_words=self.include_stop_words)
             if self.decoupled:
                 self._generate(row, req, pre, gen)
             else:
@@ -164,6 +181,10 @@ class TritonPythonModel:
 
     def _generate_unary(self, row, req, pre, gen):
         resp = self._llm_request(row, req, pre, stream=False).exec()
+        if row.job.cancelled:  # a `stop` request ended the engine request early
+            self._fail(row.job, "request cancelled", pb_utils.TritonError.CANCELLED)
+            row.finished = True
+            return
         if resp.has_error():
             raise self._inner_error(resp.error())
         gen.on_response({t.name(): t.as_numpy() for t in resp.output_tensors()})
@@ -215,6 +236,25 @@ class TritonPythonModel:
             if resp.has_error():
                 pb_utils.Logger.log_warn(f"tensorrt_llm_bls: stop {row.inner_id} failed: {resp.error().message()}")
 
+    def _stop_request(self, sender, triton_id):
+        """NVIDIA's LLM-API `stop`: cancel every request carrying this request id; the stop request itself
+        is answered CANCELLED too, as NVIDIA's model answers it."""
+        if not triton_id:
+            raise InvalidInput(LT.NO_ID_MESSAGE)
+        with self.lock:
+            targets = [job for job in self.jobs if job.triton_id == triton_id and not job.answered]
+            for job in targets:
+                job.cancelled = True
+        for job in targets:  # unary rows block in exec(): stop their engine requests (decoupled ones too)
+            for row in job.rows:
+                if not row.finished:
+                    self._stop_engine(row)
+        self._fail_sender(sender, LT.STOP_MESSAGE, pb_utils.TritonError.CANCELLED)
+
+    @staticmethod
+    def _fail_sender(sender, message, code):
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
+
     def _row_final(self, row, req, chunk):
         """A row's last chunk: the job's final response once every row is done. Counting the row and
         sending happen under one lock, so the final flag always leaves after every other row's answer."""
@@ -259,9 +299,8 @@ class TritonPythonModel:
         else:
             job.sender.send(response, flags=flags)
 
-    @staticmethod
-    def _inner_error(error):
-        return _InnerError(B.client_message(error.message()), _code(error))
+    def _inner_error(self, error):
+        return _InnerError(self.names(B.client_message(error.message())), _code(error))
 
     # ---- cancellation ------------------------------------------------------------------------------
     def _watch_cancellations(self):

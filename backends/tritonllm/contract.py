@@ -29,22 +29,9 @@ Library code: no Triton import. Dtypes are Triton config enum names (``TYPE_INT3
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    dtype: str  # Triton config enum name, e.g. "TYPE_INT32"
-    dims: tuple[int, ...]
-    optional: bool = False
-    reshape: tuple[int, ...] | None = None  # () = NVIDIA's `reshape: { shape: [ ] }`
-    ragged: bool = False  # allow_ragged_batch
-    nvidia: bool = True   # False: ours, not in NVIDIA's config (see ENGINE_WIRING)
-
-
-def _scalars(dtype: str, names: str, *, reshape=(), optional=True) -> list[Tensor]:
-    return [Tensor(n, dtype, (1,), optional, reshape) for n in names.split()]
+from .contract_llmapi import LLMAPI_INPUTS, LLMAPI_OUTPUTS
+from .tensor_spec import Tensor
+from .tensor_spec import scalars as _scalars
 
 
 # Model names (the ensemble's steps and the BLS's targets).
@@ -56,9 +43,10 @@ BLS = "tensorrt_llm_bls"
 PROMPT_GUARD = "prompt_guard"      # classical text classifier (build_scripts/build_classical.py)
 ROUTER = "llm_router"              # BLS cascade: prompt_guard picks refuse / small / large LLM slot
 MODERATED = "moderated_llm"        # BLS (llm_router, mode moderate): ensemble + prompt_guard, both answers
+LLMAPI = "llmapi"                  # NVIDIA's LLM-API text contract (contract_llmapi.py), served by the BLS
 # Models whose transaction policy is NVIDIA's `decoupled_mode` (deployment.yaml llm.decoupled_mode); the
 # ensemble follows its tensorrt_llm step. The routers stream whatever they relay and stay decoupled.
-DECOUPLED_MODE_MODELS = (TENSORRT_LLM, BLS)
+DECOUPLED_MODE_MODELS = (TENSORRT_LLM, BLS, LLMAPI)
 
 # --------------------------------------------------------------------------- tensorrt_llm
 # input_ids is optional in NVIDIA's current config only because encoder-decoder models send
@@ -325,7 +313,9 @@ MODEL_TENSORS: dict[str, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {
     PROMPT_GUARD: (PROMPT_GUARD_INPUTS, PROMPT_GUARD_OUTPUTS),
     ROUTER: (TEXT_INPUTS, (*TEXT_OUTPUTS, ROUTE_OUTPUT, *MODERATION_OUTPUTS)),
     MODERATED: (TEXT_INPUTS, (*TEXT_OUTPUTS, ROUTE_OUTPUT, *MODERATION_OUTPUTS)),
+    LLMAPI: (LLMAPI_INPUTS, LLMAPI_OUTPUTS),
 }
+UNBATCHED_MODELS = (LLMAPI,)  # max_batch_size 0, as NVIDIA's LLM-API model (dims below include no batch)
 
 
 def batch_rows(arrays: dict, lead: str, error: type[Exception]) -> list[dict]:

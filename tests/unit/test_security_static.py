@@ -105,7 +105,13 @@ def test_no_client_tensor_names_a_path():
             names.update(t.name for t in value)
     assert "text_input" in names and "input_ids" in names
     pathlike = {n for n in names if any(w in n.lower() for w in ("path", "dir", "file", "url", "repo"))}
-    assert not pathlike, pathlike
+    # NVIDIA's LLM-API contract carries lora_path; ours reads it as a label only (text/llmapi_text.py).
+    assert pathlike == {"lora_path"}, pathlike
+    import inspect
+
+    from tritonllm.text import llmapi_text
+    source = inspect.getsource(llmapi_text)
+    assert "os.path" not in source and "open(" not in source and "Path(" not in source
 
 
 def test_relative_path_parameters_cannot_escape_the_repository(tmp_path):
