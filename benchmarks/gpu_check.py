@@ -6,6 +6,10 @@
    16 GB is written to disk);
 3. the same with FP8 weights through `torch._scaled_mm` (fp8_matmul auto: scaled on SM >= 8.9), plus the
    scaled matmul's error against bf16 on one 4096 x 14336 layer.
+4. the GPU profiles on this GPU, without TensorRT-LLM: which of ``trtllm``'s quantized formats this
+   architecture builds (build_trtllm_engine's gates), whether ``llmapi``'s FP8 KV cache fits it, both
+   profiles render; and where ``tensorrt_llm`` *is* installed, that every name of
+   ``tritonllm/trtllm/names.py`` exists in it (LLM arguments, KvCacheConfig and SamplingParams fields).
 Prints one JSON line and writes it to $OUT/gpu_check.json when OUT is set.
 
     python benchmarks/gpu_check.py [--skip-8b] [--batch 64]
@@ -114,6 +118,44 @@ def fp8_layer_error(device: str) -> dict:
     return {"fp8_layer_rel_err": float((y - ref).norm() / ref.norm())}
 
 
+def profiles_check(cap: tuple[int, int]) -> dict:
+    """Step 4 (see the module docstring): what both GPU profiles would do on this GPU."""
+    import importlib.util
+
+    sys.path.insert(0, os.path.join(ROOT, "build_scripts"))
+    import build_trtllm_engine as b
+    import render_configs as rc
+
+    files = rc.render_files(rc.load_deployment())
+    out = {"profiles_rendered": sorted(f for f in files if f.endswith(("/configs/trtllm.pbtxt", "/configs/llmapi.pbtxt")))}
+    buildable = []
+    for qformat in b.QFORMATS:
+        try:
+            b.check_gpus([cap], fp8=qformat in b.FP8_QFORMATS)
+            buildable.append(qformat)
+        except b.BuildError:
+            pass
+    out["trtllm_buildable_qformats"] = buildable
+    out["trtllm_fp8_context_fmha"] = b.resolve_fp8_context_fmha("auto", [cap])[0]
+    out["llmapi_fp8_kv_cache_ok"] = cap >= b.FP8_MIN_SM
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        out["tensorrt_llm"] = None  # the lender has none: the names are checked against NVIDIA's source only
+        return out
+    import dataclasses
+
+    import tensorrt_llm
+    from tensorrt_llm.llmapi import KvCacheConfig
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+    from tritonllm.trtllm import names
+
+    have = {"LLM": set(TorchLlmArgs.model_fields), "KvCacheConfig": set(KvCacheConfig.model_fields),
+            "SamplingParams": {f.name for f in dataclasses.fields(tensorrt_llm.SamplingParams)}}
+    out["tensorrt_llm"] = tensorrt_llm.__version__
+    out["names_missing"] = {kind: sorted(names.fields(kind) - fields) for kind, fields in have.items()
+                            if names.fields(kind) - fields}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--skip-8b", action="store_true")
@@ -126,6 +168,8 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
               "torch": torch.__version__}
     result.update(parity("cuda"))
+    print(json.dumps(result), flush=True)
+    result.update(profiles_check(tuple(torch.cuda.get_device_capability(0))))
     print(json.dumps(result), flush=True)
     result.update(fp8_layer_error("cuda"))
     print(json.dumps(result), flush=True)

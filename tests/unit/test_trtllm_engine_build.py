@@ -176,3 +176,18 @@ def test_guided_engine_dir_must_hold_the_tokenizer_info(tmp_path):
     (tmp_path / "rank0.engine").write_bytes(b"")
     with pytest.raises(b.BuildError, match="xgrammar_tokenizer_info.json"):
         b.check_engine_dir(tmp_path, 1, guided_decoding=True)
+
+
+def test_gpu_check_reports_both_profiles_for_an_architecture():
+    """benchmarks/gpu_check.py step 4 runs without TensorRT-LLM and without a GPU (capability given)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    hopper, ampere = gpu_check.profiles_check((9, 0)), gpu_check.profiles_check((8, 0))
+    assert hopper["trtllm_buildable_qformats"] == list(b.QFORMATS) and hopper["llmapi_fp8_kv_cache_ok"]
+    assert ampere["trtllm_buildable_qformats"] == ["int4_awq", "int8_sq"] and not ampere["llmapi_fp8_kv_cache_ok"]
+    assert hopper["profiles_rendered"] == ["ensembles/ensemble/configs/trtllm.pbtxt",
+                                           "model_repository/postprocessing/configs/trtllm.pbtxt",
+                                           "model_repository/tensorrt_llm/configs/llmapi.pbtxt",
+                                           "model_repository/tensorrt_llm/configs/trtllm.pbtxt"]
+    assert hopper["tensorrt_llm"] is None  # not installable here
