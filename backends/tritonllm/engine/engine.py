@@ -5,7 +5,6 @@ Single-threaded by design: only the owner thread (see runner.py) calls add/abort
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import threading
 import time
@@ -92,8 +91,7 @@ class LLMEngine:
             raise InvalidRequest(f"input_ids holds ids outside the vocabulary [0, {V}): {bad[:5]}")
         if len(prompt_ids) > self.max_input_len:
             raise InvalidRequest(f"input_ids has {len(prompt_ids)} tokens, max_input_len is {self.max_input_len}")
-        if params.max_tokens < 1:
-            raise InvalidRequest(f"request_output_len must be >= 1, got {params.max_tokens}")
+        params.verify()
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_seq_len:
             raise InvalidRequest(f"input length {len(prompt_ids)} + request_output_len {params.max_tokens} "
@@ -104,22 +102,6 @@ class LLMEngine:
         if not self.config.enable_chunked_prefill and total > self.config.max_num_tokens:
             raise InvalidRequest(f"{total} tokens exceed max_num_tokens {self.config.max_num_tokens} "
                                  "and chunked context is disabled")
-        for name, value in (("temperature", params.temperature), ("runtime_top_p", params.top_p),
-                            ("repetition_penalty", params.repetition_penalty),
-                            ("presence_penalty", params.presence_penalty),
-                            ("frequency_penalty", params.frequency_penalty)):
-            if not math.isfinite(value):
-                raise InvalidRequest(f"{name} must be finite, got {value}")
-        if params.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {params.temperature}")
-        if not 0.0 <= params.top_p <= 1.0:
-            raise InvalidRequest(f"runtime_top_p must be in [0, 1], got {params.top_p}")
-        if params.top_k < 0:
-            raise InvalidRequest(f"runtime_top_k must be >= 0, got {params.top_k}")
-        if params.repetition_penalty <= 0:
-            raise InvalidRequest(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
-        if params.min_tokens < 0:
-            raise InvalidRequest(f"min_tokens must be >= 0, got {params.min_tokens}")
         if params.end_id is not None and not (params.end_id == -1 or 0 <= params.end_id < V):
             raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary")
         try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -40,6 +41,31 @@ class SamplingParams:
     return_log_probs: bool = False
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     lora_task_id: int | None = None       # a loaded LoRA adapter; None = the base model
+
+    def verify(self) -> None:
+        """Refuse values no engine can serve (InvalidRequest naming NVIDIA's input), as vLLM's
+        ``SamplingParams._verify_args``; limits that depend on the model (vocabulary, lengths) are the
+        engine's to check."""
+        if self.max_tokens < 1:
+            raise InvalidRequest(f"request_output_len must be >= 1, got {self.max_tokens}")
+        for name, value in (("temperature", self.temperature), ("runtime_top_p", self.top_p),
+                            ("repetition_penalty", self.repetition_penalty),
+                            ("presence_penalty", self.presence_penalty),
+                            ("frequency_penalty", self.frequency_penalty)):
+            if not math.isfinite(value):
+                raise InvalidRequest(f"{name} must be finite, got {value}")
+        if self.temperature < 0:
+            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise InvalidRequest(f"runtime_top_p must be in [0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequest(f"runtime_top_k must be >= 0, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise InvalidRequest(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            raise InvalidRequest(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.end_id is not None and self.end_id < -1:
+            raise InvalidRequest(f"end_id {self.end_id} is outside the vocabulary")
 
     @property
     def greedy(self) -> bool:
@@ -135,3 +161,16 @@ class RequestOutput:
     cum_logprob: float = 0.0
     error: str | None = None
     metrics: RequestMetrics | None = None  # a copy taken when this output was made
+
+
+def admit(unfinished: set[str], request_ids: list[str], capacity: int, max_queue_size: int, running: int) -> None:
+    """Admission of a client's batch, all or none (call under the caller's lock, then add the ids):
+    a duplicate id is INVALID_ARG; past ``capacity`` unfinished requests, QueueFull with both of NVIDIA's
+    texts (TensorRT-LLM's executor says the first, Triton's scheduler the second, and NVIDIA's clients
+    look for either: tools/inflight_batcher_llm/test_max_queue_size.py)."""
+    for rid in request_ids:
+        if rid in unfinished:
+            raise InvalidRequest(f"request id {rid!r} is already in flight")
+    if len(unfinished) + len(request_ids) > capacity:
+        raise QueueFull(f"Maximum queue size of {max_queue_size} has been reached, please try again later "
+                        f"(Exceeds maximum queue size: {len(unfinished)} requests in flight, {running} running at most)")

@@ -14,7 +14,7 @@ from collections import deque
 from typing import Callable
 
 from .engine import LLMEngine
-from .request import InvalidRequest, QueueFull, RequestOutput, SamplingParams
+from .request import QueueFull, RequestOutput, SamplingParams, admit
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,8 @@ class EngineRunner:
         with self._cv:
             if self._stop:
                 raise QueueFull("the engine is shutting down")
-            for request_id, _, _ in requests:
-                if request_id in self._unfinished:
-                    raise InvalidRequest(f"request id {request_id!r} is already in flight")
-            if len(self._unfinished) + len(requests) > self.capacity:
-                # Both of NVIDIA's texts: TensorRT-LLM's executor says the first, Triton's scheduler the
-                # second, and NVIDIA's clients look for either (tools/inflight_batcher_llm/test_max_queue_size.py).
-                raise QueueFull(f"Maximum queue size of {self.engine.config.max_queue_size} has been reached, "
-                                f"please try again later (Exceeds maximum queue size: {len(self._unfinished)} "
-                                f"requests in flight, {self.engine.config.max_num_seqs} running at most)")
+            admit(self._unfinished, [rid for rid, _, _ in requests], self.capacity,
+                  self.engine.config.max_queue_size, self.engine.config.max_num_seqs)
             for request_id, prompt_ids, params in requests:
                 self._unfinished.add(request_id)
                 self._inbox.append(("add", request_id, prompt_ids, params))

@@ -106,7 +106,7 @@ class BlsRequest:
     batch_index: int | None = None  # set when the client's batch has several rows
 
 
-def _scalar(arrays: Mapping[str, np.ndarray], name: str, default: Any = None) -> Any:
+def scalar(arrays: Mapping[str, np.ndarray], name: str, default: Any = None) -> Any:
     a = arrays.get(name)
     if a is None:
         return default
@@ -148,7 +148,7 @@ def parse_request(arrays: Mapping[str, np.ndarray | None], batch_index: int | No
         raise InvalidInput("text_input is empty")
     if arrays.get("max_tokens") is None:
         raise InvalidInput("max_tokens is required")
-    max_tokens = _scalar(arrays, "max_tokens")
+    max_tokens = scalar(arrays, "max_tokens")
     if not np.issubdtype(np.asarray(max_tokens).dtype, np.integer) or int(max_tokens) <= 0:
         raise InvalidInput(f"max_tokens must be a positive integer, got {max_tokens}")
     for name, value in arrays.items():
@@ -161,8 +161,8 @@ def parse_request(arrays: Mapping[str, np.ndarray | None], batch_index: int | No
     except ValueError as e:
         raise InvalidInput(str(e)) from None
     return BlsRequest(arrays=arrays, text=text, max_tokens=int(max_tokens),
-                      stream=bool(_scalar(arrays, "stream", False)), stop_strings=stops,
-                      exclude_input=bool(_scalar(arrays, "exclude_input_in_output", True)), batch_index=batch_index)
+                      stream=bool(scalar(arrays, "stream", False)), stop_strings=stops,
+                      exclude_input=bool(scalar(arrays, "exclude_input_in_output", True)), batch_index=batch_index)
 
 
 def preprocessing_inputs(req: BlsRequest) -> dict[str, np.ndarray]:

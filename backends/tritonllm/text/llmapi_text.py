@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import contract_llmapi as L
 from .bls_stream import BlsRequest, TextGeneration, parse_request
+from .bls_stream import scalar as _scalar
 from .preprocess import InvalidInput
 
 STOP_MESSAGE = "Request cancelled by client"
@@ -52,15 +53,6 @@ class LlmapiRequest(BlsRequest):
     returns: frozenset = field(default_factory=frozenset)  # finish_reason, stop_reason, cumulative_logprob
     perf: bool = False
     echo_prompt: bool = True
-
-
-def _scalar(arrays: Mapping[str, np.ndarray], name: str):
-    a = arrays.get(name)
-    if a is None:
-        return None
-    if a.size != 1:
-        raise InvalidInput(f"{name} must hold exactly one value, got shape {list(a.shape)}")
-    return a.reshape(-1)[0]
 
 
 def _text(value, name: str) -> str:

@@ -29,10 +29,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import threading
 
-from ..engine.request import InvalidRequest, QueueFull, SamplingParams
+from ..engine.request import InvalidRequest, QueueFull, SamplingParams, admit
 from ..engine.stats import EngineStats
 from . import names as N
 from .llmapi_outputs import Stream, nvidia_iteration_stats
@@ -83,28 +82,10 @@ def validate(prompt_ids: list[int], p: SamplingParams, max_seq_len: int | None) 
         raise InvalidRequest("input_ids is empty")
     if any(t < 0 for t in prompt_ids):
         raise InvalidRequest(f"input_ids holds negative ids: {[t for t in prompt_ids if t < 0][:5]}")
-    if p.max_tokens < 1:
-        raise InvalidRequest(f"request_output_len must be >= 1, got {p.max_tokens}")
+    p.verify()
     if max_seq_len and len(prompt_ids) + p.max_tokens > max_seq_len:
         raise InvalidRequest(f"input length {len(prompt_ids)} + request_output_len {p.max_tokens} "
                              f"exceeds max_seq_len {max_seq_len}")
-    for name, value in (("temperature", p.temperature), ("runtime_top_p", p.top_p),
-                        ("repetition_penalty", p.repetition_penalty), ("presence_penalty", p.presence_penalty),
-                        ("frequency_penalty", p.frequency_penalty)):
-        if not math.isfinite(value):
-            raise InvalidRequest(f"{name} must be finite, got {value}")
-    if p.temperature < 0:
-        raise InvalidRequest(f"temperature must be >= 0, got {p.temperature}")
-    if not 0.0 <= p.top_p <= 1.0:
-        raise InvalidRequest(f"runtime_top_p must be in [0, 1], got {p.top_p}")
-    if p.top_k < 0:
-        raise InvalidRequest(f"runtime_top_k must be >= 0, got {p.top_k}")
-    if p.repetition_penalty <= 0:
-        raise InvalidRequest(f"repetition_penalty must be > 0, got {p.repetition_penalty}")
-    if p.min_tokens < 0:
-        raise InvalidRequest(f"min_tokens must be >= 0, got {p.min_tokens}")
-    if p.end_id is not None and p.end_id < -1:
-        raise InvalidRequest(f"end_id {p.end_id} is outside the vocabulary")
     for name, words in (("stop_words_list", p.stop_words), ("bad_words_list", p.bad_words)):
         if any(not w or any(t < 0 for t in w) for w in words):
             raise InvalidRequest(f"{name} holds an empty word or ids outside the vocabulary")
@@ -196,14 +177,8 @@ class LLMAPIRunner:
         with self._lock:
             if self._closing:
                 raise QueueFull("the engine is shutting down")
-            for rid, _, _ in requests:
-                if rid in self._unfinished:
-                    raise InvalidRequest(f"request id {rid!r} is already in flight")
-            if len(self._unfinished) + len(requests) > self.capacity:
-                # Both of NVIDIA's texts, as EngineRunner (clients look for either).
-                raise QueueFull(f"Maximum queue size of {self.max_queue_size} has been reached, please try again "
-                                f"later (Exceeds maximum queue size: {len(self._unfinished)} requests in flight, "
-                                f"{self.max_batch_size} running at most)")
+            admit(self._unfinished, [rid for rid, _, _ in requests], self.capacity, self.max_queue_size,
+                  self.max_batch_size)
             self._unfinished.update(rid for rid, _, _ in requests)
             self._submitted = True
         try:
