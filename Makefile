@@ -54,7 +54,33 @@ serve: build
 		$(if $(SERVE_ARGS),-- $(SERVE_ARGS))
 
 # pytest exits 5 when it collects no test; that is reported, not hidden, but it is not a failure here.
-test: build
+# NVIDIA Dynamo (issue 16) in its own venv layered over ours (a .pth line: torch, transformers and this
+# package come from $(VENV)). ai-dynamo is installed --no-deps: its `aisimulate` dependency is a PyPI
+# placeholder that downloads from NVIDIA's own index; the other dependencies it lists are pinned here.
+DYNAMO_VENV := build/dynamo-venv
+DYNAMO_STAMP := $(DYNAMO_VENV)/.installed-1.6.1
+DYNAMO_DEPS := "msgspec>=0.19.0" "pyzmq>=26.0.0" "redis>=6.2.0,<9.0.0" "zstandard>=0.23,<1.0" "uvloop>=0.21.0" \
+	"prometheus-client>=0.23.1,<1.0" "kubernetes>=32.0.1,<33.0.0"
+REPLICAS ?= 2
+DYNAMO_PORT ?= 8080
+ROUTER ?= kv
+
+.PHONY: dynamo-venv serve-dynamo
+dynamo-venv: $(DYNAMO_STAMP)
+$(DYNAMO_STAMP): $(VENV_STAMP)
+	@echo "==> [dynamo] $(DYNAMO_VENV): ai-dynamo 1.6.1 over $(VENV)"
+	@rm -rf $(DYNAMO_VENV) && $(PYTHON) -m venv $(DYNAMO_VENV)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > "$$($(DYNAMO_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/_tritonllm_main.pth"
+	$(DYNAMO_VENV)/bin/pip install --progress-bar off -q --no-deps "ai-dynamo==1.6.1" "ai-dynamo-runtime==1.6.1"
+	$(DYNAMO_VENV)/bin/pip install --progress-bar off -q $(DYNAMO_DEPS)
+	$(DYNAMO_VENV)/bin/python -c "import dynamo.frontend, dynamo.common.backend"
+	@touch $@
+
+serve-dynamo: build dynamo-venv
+	@echo "==> [serve-dynamo] Dynamo frontend + $(REPLICAS) workers of our engine, router $(ROUTER), loopback only"
+	PYTHONPATH=backends $(PY) -m tritonllm.dynamo.launch --replicas $(REPLICAS) --port $(DYNAMO_PORT) --router $(ROUTER)
+
+test: build dynamo-venv
 	@echo "==> [test] pytest tests $(PYTEST_ARGS)"
 	@set +e; $(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "==> [test] pytest collected no tests"; exit 0; fi; exit $$rc

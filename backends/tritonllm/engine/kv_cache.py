@@ -54,6 +54,9 @@ class BlockPool:
         self._hash_of: dict[int, int] = {}    # block -> hash
         self.num_alloc_total = 0
         self.num_alloc_new = 0
+        # KV events (e.g. Dynamo's router): called on the engine thread with ("stored", hash, parent,
+        # tokens) when a block enters the prefix cache and ("removed", hash) when a cached block is reused.
+        self.listener = None
 
     @property
     def num_free(self) -> int:
@@ -72,6 +75,8 @@ class BlockPool:
             h = self._hash_of.pop(b, None)
             if h is not None:
                 del self._cached[h]
+                if self.listener is not None:
+                    self.listener(("removed", h))
             else:
                 self.num_alloc_new += 1
             self._refs[b] = 1
@@ -100,11 +105,14 @@ class BlockPool:
             del self._free[block]
         self._refs[block] += 1
 
-    def register(self, block: int, h: int) -> None:
-        """Publishes a full, computed block under its chained hash (first writer wins)."""
+    def register(self, block: int, h: int, parent: int | None = None, tokens=None) -> None:
+        """Publishes a full, computed block under its chained hash (first writer wins); ``parent`` and
+        ``tokens`` only feed the listener."""
         if h not in self._cached and block not in self._hash_of:
             self._cached[h] = block
             self._hash_of[block] = h
+            if self.listener is not None:
+                self.listener(("stored", h, parent, tuple(tokens or ())))
 
 
 class KVCache:

@@ -82,8 +82,9 @@ class Scheduler:
         while len(req.block_hashes) < req.num_computed // bs:
             i = len(req.block_hashes)
             parent = req.block_hashes[-1] if i else adapter_root(req.params.lora_task_id)
-            h = block_hash(parent, req.token_ids[i * bs:(i + 1) * bs])
-            self.pool.register(req.block_table[i], h)
+            tokens = req.token_ids[i * bs:(i + 1) * bs]
+            h = block_hash(parent, tokens)
+            self.pool.register(req.block_table[i], h, parent, tokens)
             req.block_hashes.append(h)
 
     def _preempt(self, req: Request) -> None:

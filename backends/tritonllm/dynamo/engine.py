@@ -1,0 +1,247 @@
+"""Our engine as an NVIDIA Dynamo worker: ``dynamo.common.backend.LLMEngine`` over ``EngineRunner``.
+
+Dynamo's frontend tokenizes, routes, detokenizes and applies stop strings (Rust side); a worker gets
+token ids with ``sampling_options`` / ``stop_conditions`` / ``output_options`` and streams token ids back
+(read from ai-dynamo 1.6.1, ``dynamo/common/backend/engine.py`` and ``sample_engine.py``). The engine and
+its knobs are the ones ``make serve`` uses (``deployment.yaml: models.tensorrt_llm.parameters``).
+
+Invariants:
+- Every option Dynamo passes that the engine supports is mapped (``request_params``); the others, when
+  set to anything but their neutral value, are refused with ``InvalidArgument`` naming the option.
+- ``abort`` (client gone, request cancelled) aborts the engine request at once, which frees its KV
+  blocks; the stream then ends with ``finish_reason: cancelled``.
+- KV events: every block the prefix cache publishes is sent as *stored* (its tokens, chained to its
+  parent), every cached block the pool reuses as *removed*, with our 128-bit block hash folded to the
+  signed 64 bits Dynamo's publisher takes; the router hashes the tokens itself, so its index and ours
+  agree by construction. Load snapshots (used / total blocks, hit rate) go out at ~10 Hz.
+- Engine work stays on the runner thread; outputs cross to the asyncio loop by call_soon_threadsafe.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import queue
+import threading
+from typing import Any
+
+from ..engine.engine import LLMEngine as OurEngine
+from ..engine.request import InvalidRequest, QueueFull, RequestOutput, SamplingParams
+from ..engine.runner import EngineRunner
+from .settings import engine_settings
+
+log = logging.getLogger(__name__)
+FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
+# Dynamo sampling / stop options with no counterpart here, and their neutral values.
+UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "use_beam_search": (None, False), "min_p": (None, 0.0),
+               "length_penalty": (None, 1.0), "guided_decoding": (None,), "max_thinking_tokens": (None,)}
+
+
+def request_params(request: dict) -> SamplingParams:
+    """Dynamo's request options -> our SamplingParams (InvalidRequest naming a refused option)."""
+    so = request.get("sampling_options") or {}
+    sc = request.get("stop_conditions") or {}
+    oo = request.get("output_options") or {}
+    for group in (so, sc):
+        for name, neutral in UNSUPPORTED.items():
+            if name in group and group[name] not in neutral:
+                raise InvalidRequest(f"{name}={group[name]!r} is not supported by this engine")
+    if oo.get("logprobs") not in (None, 0) or oo.get("prompt_logprobs") not in (None, 0, False):
+        raise InvalidRequest("top_logprobs / prompt_logprobs are not supported (log probs of the chosen tokens are)")
+    p = SamplingParams(max_tokens=int(sc.get("max_tokens") or 16))
+
+    def take(src: dict, key: str, attr: str, conv) -> None:
+        if src.get(key) is not None:
+            setattr(p, attr, conv(src[key]))
+
+    take(so, "temperature", "temperature", float)
+    take(so, "top_p", "top_p", float)
+    take(so, "top_k", "top_k", lambda v: max(int(v), 0))  # -1 (vLLM's "off") is our 0
+    take(so, "repetition_penalty", "repetition_penalty", float)
+    take(so, "presence_penalty", "presence_penalty", float)
+    take(so, "frequency_penalty", "frequency_penalty", float)
+    take(so, "seed", "seed", int)
+    take(sc, "min_tokens", "min_tokens", int)
+    if sc.get("ignore_eos"):
+        p.end_id = -1
+    # EOS ids arrive here too; other hidden stop ids become one-token stop words.
+    p.stop_words = [[int(t)] for t in sc.get("stop_token_ids_hidden") or []]
+    p.return_log_probs = oo.get("logprobs") is not None
+    return p
+
+
+def fold64(h: int | None) -> int | None:
+    """Our 128-bit block hash as the signed 64-bit value Dynamo's KvEventPublisher takes."""
+    if h is None:
+        return None
+    v = h & 0xFFFF_FFFF_FFFF_FFFF
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+class TritonLLMDynamoEngine:
+    """Built by ``dynamo_engine_class()`` as a subclass of Dynamo's LLMEngine (imported lazily, so this
+    module imports without Dynamo installed)."""
+
+    def __init__(self, model_path: str, served_name: str, config) -> None:
+        self.model_path, self.served_name, self.config = model_path, served_name, config
+        self.engine: OurEngine | None = None
+        self.runner: EngineRunner | None = None
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._snapshots = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self, worker_id: int):
+        from dynamo.common.backend import EngineConfig, LlmRegistration
+
+        del worker_id
+        self._loop = asyncio.get_running_loop()
+        self.engine = await self._loop.run_in_executor(None, OurEngine, self.model_path, self.config)
+        self.engine.pool.listener = self._events.put  # KV events, on the engine thread
+        self.runner = EngineRunner(self.engine, self._on_output).start()
+        c = self.engine.config
+        return EngineConfig(model=self.model_path, served_model_name=self.served_name, llm=LlmRegistration(
+            context_length=self.engine.max_seq_len, kv_cache_block_size=c.block_size,
+            total_kv_blocks=self.engine.pool.num_blocks, max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_tokens))
+
+    async def cleanup(self) -> None:
+        self._stop.set()
+        if self.runner is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.runner.shutdown, 10.0)
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def _on_output(self, out: RequestOutput) -> None:
+        q = self._streams.get(out.request_id)
+        if q is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(q.put_nowait, out)
+
+    async def generate(self, request: dict, context):
+        from dynamo.llm.exceptions import InvalidArgument, Unknown
+
+        rid = context.id()
+        prompt = list(request.get("token_ids") or [])
+        try:
+            params = request_params(request)
+            eos = set(self.engine.spec.eos_token_ids)  # the engine stops on these itself
+            params.stop_words = [w for w in params.stop_words if w[0] not in eos]
+            q: asyncio.Queue = asyncio.Queue()
+            self._streams[rid] = q
+            self.runner.submit(rid, prompt, params)
+        except InvalidRequest as e:
+            self._streams.pop(rid, None)
+            raise InvalidArgument(str(e)) from None
+        except QueueFull as e:
+            self._streams.pop(rid, None)
+            raise Unknown(str(e)) from None
+        try:
+            while True:
+                out: RequestOutput = await q.get()
+                if out.error is not None:
+                    raise Unknown(f"engine: {out.error}")
+                chunk: dict[str, Any] = {"token_ids": list(out.new_token_ids), "index": 0}
+                if params.return_log_probs:
+                    chunk["log_probs"] = [float(x) for x in out.new_logprobs]
+                if out.finished:
+                    chunk["finish_reason"] = FINISH.get(out.finish_reason or "stop", "stop")
+                    chunk["completion_usage"] = {
+                        "prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
+                        "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
+                    yield chunk
+                    return
+                if chunk["token_ids"]:
+                    yield chunk
+        finally:
+            self._streams.pop(rid, None)
+            if self.runner is not None:
+                self.runner.abort(rid)  # a no-op when finished; frees the KV blocks when the client left
+
+    async def abort(self, context) -> None:
+        if self.runner is not None:
+            self.runner.abort(context.id())
+
+    # ---- KV events and load --------------------------------------------------------------------
+    async def kv_event_sources(self):
+        from dynamo.common.backend.publisher import PushSource
+
+        return [PushSource(on_ready=self._start_publisher, dp_rank=0)]
+
+    def component_metrics_dp_ranks(self) -> list[int]:
+        return [0]
+
+    def attach_snapshot_publisher(self, publisher) -> None:
+        self._snapshots = publisher
+
+    def _start_publisher(self, publisher) -> None:
+        self._thread = threading.Thread(target=self._publish, args=(publisher,), daemon=True, name="kv-events")
+        self._thread.start()
+
+    def _publish(self, publisher) -> None:
+        from dynamo.common.backend.publisher import ComponentSnapshot
+
+        bs = self.engine.config.block_size
+        while not self._stop.is_set():
+            try:
+                event = self._events.get(timeout=0.1)
+            except queue.Empty:
+                if self._snapshots is not None:
+                    pool, stats = self.engine.pool, self.engine.stats
+                    used = pool.num_blocks - pool.num_free
+                    hit = stats.prefix_hit_tokens / stats.prefix_query_tokens if stats.prefix_query_tokens else None
+                    self._snapshots.publish(0, ComponentSnapshot(
+                        kv_used_blocks=used, kv_total_blocks=pool.num_blocks,
+                        gpu_cache_usage=used / pool.num_blocks, dp_rank=0, kv_cache_hit_rate=hit))
+                continue
+            try:
+                if event[0] == "stored":
+                    _, h, parent, tokens = event
+                    publisher.publish_stored(token_ids=list(tokens), num_block_tokens=[bs],
+                                             block_hashes=[fold64(h)], parent_hash=fold64(parent))
+                else:
+                    publisher.publish_removed(block_hashes=[fold64(event[1])])
+            except Exception:  # a dropped event costs routing quality, never a request
+                log.exception("KV event %s not published", event[0])
+
+
+def parse_args(argv: list[str] | None):
+    ap = argparse.ArgumentParser(description="Our engine as a Dynamo worker")
+    ap.add_argument("--deployment", default=None, help="deployment.yaml (default: the repository's)")
+    ap.add_argument("--model-path", default=None, help="HF checkpoint (default: llm.gpt_model_path)")
+    ap.add_argument("--served-model-name", default=None, help="name in the OpenAI API (default: the folder's name)")
+    ap.add_argument("--namespace", default="tritonllm")
+    ap.add_argument("--component", default="backend")
+    ap.add_argument("--endpoint", default="generate")
+    ap.add_argument("--discovery-backend", default="file")
+    ap.add_argument("--num-threads", type=int, default=0, help="torch threads (0: the deployment's)")
+    ap.add_argument("--no-kv-events", action="store_true", help="do not publish KV events (round-robin only)")
+    return ap.parse_args(argv)
+
+
+def dynamo_engine_class():
+    """TritonLLMDynamoEngine mixed into Dynamo's LLMEngine ABC (Dynamo is imported here, not at module top)."""
+    from dynamo.common.backend import LLMEngine, WorkerConfig
+
+    class Engine(TritonLLMDynamoEngine, LLMEngine):
+        @classmethod
+        async def from_args(cls, argv=None):
+            args = parse_args(argv)
+            model_path, served, config = engine_settings(args.deployment, args.model_path, args.num_threads)
+            served = args.served_model_name or served
+            engine = cls(model_path, served, config)
+            return engine, WorkerConfig(
+                namespace=args.namespace, component=args.component, endpoint=args.endpoint,
+                model_name=model_path, served_model_name=served, discovery_backend=args.discovery_backend,
+                enable_kv_routing=not args.no_kv_events)
+
+    return Engine
+
+
+def main() -> None:
+    from dynamo.common.backend.run import run
+
+    run(dynamo_engine_class())

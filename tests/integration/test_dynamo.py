@@ -1,0 +1,174 @@
+"""Our engine as NVIDIA Dynamo workers, on the real processes (issue 16): Dynamo's frontend plus two
+workers started by ``python -m tritonllm.dynamo.launch`` (what ``make serve-dynamo`` runs), loopback only,
+file discovery, the event plane through our loopback broker. Clients: the ``openai`` SDK and plain HTTP.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from robustness_helpers import stream_request, text_tensors
+from tritonllm.serving.discovery import find_free_ports
+
+ROOT = Path(__file__).resolve().parents[2]
+DYNAMO_PY = ROOT / "build" / "dynamo-venv" / "bin" / "python"
+PROMPT = "The future of AI is"
+openai = pytest.importorskip("openai")
+
+
+class Cluster:
+    def __init__(self, router: str, replicas: int = 2) -> None:
+        (self.port,) = find_free_ports(1)
+        self.log_dir = ROOT / "build" / "logs"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tritonllm.dynamo.launch", "--replicas", str(replicas), "--port", str(self.port),
+             "--router", router, "--threads", "1", "--log-dir", str(self.log_dir)],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "backends")}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            if "dynamo READY" in line:
+                self.worker_pids = [int(p) for p in re.search(r"pids ([\d ]+)\)", line).group(1).split()]
+                self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
+                return
+        self.stop()
+        pytest.fail("dynamo launch did not get READY:\n" + "".join(self.lines[-40:]), pytrace=False)
+
+    def completion(self, prompt, max_tokens=10, **extra) -> dict:
+        body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                "nvext": {"extra_fields": ["worker_id", "timing"]}, **extra}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return {"status": e.code, **json.loads(e.read() or b"{}")}
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the process group, as a supervisor would
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def cluster(built_repository):
+    if not DYNAMO_PY.exists():
+        pytest.fail("build/dynamo-venv is missing: run `make dynamo-venv`", pytrace=False)
+    c = Cluster("kv")
+    try:
+        yield c
+    finally:
+        c.stop()
+    assert c.proc.returncode == 0, "".join(c.lines[-20:])
+    for pid in c.worker_pids:  # every child gone with the process group's SIGTERM
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def _prompt_ids(tokenizer_dir=ROOT / "build" / "models" / "demo") -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))(PROMPT)["input_ids"]
+
+
+def _listening(pids: list[int]) -> list[str]:
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+
+
+def test_greedy_text_equals_make_serves_streamed_and_not(cluster, triton_server):
+    """The same token ids (the frontend's /v1/completions encodes text without BOS, our preprocessing
+    adds it: ids make the comparison exact) give make serve's text, through the openai SDK too."""
+    want = stream_request(triton_server.grpc_url, "tensorrt_llm_bls", text_tensors(PROMPT, 10))[0][-1]["text_output"][0]
+    ids = _prompt_ids()
+    out = cluster.client.completions.create(model="demo", prompt=ids, max_tokens=10, temperature=0)
+    assert out.choices[0].text == want.decode() and out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 10)
+    chunks = list(cluster.client.completions.create(model="demo", prompt=ids, max_tokens=10, temperature=0, stream=True))
+    assert len(chunks) >= 5 and "".join(c.choices[0].text for c in chunks if c.choices) == want.decode()
+    chat = cluster.client.chat.completions.create(model="demo", messages=[{"role": "user", "content": PROMPT}],
+                                                   max_tokens=8, temperature=0)
+    assert chat.choices[0].message.content and chat.usage.completion_tokens == 8
+
+
+def test_unsupported_options_are_refused_by_name(cluster):
+    for extra, name in (({"n": 2}, "n=2"), ({"logprobs": 3}, "top_logprobs")):
+        out = cluster.completion(_prompt_ids(), 4, **extra)
+        assert out.get("status") == 400 and name in json.dumps(out), out
+
+
+def test_kv_router_sends_a_cached_prefix_to_the_worker_that_holds_it(cluster):
+    """Prefixes of 5 full blocks: the first request of each lands somewhere; every repeat goes to the
+    same worker with a cache hit, which only KV events (our BlockPool's, hashed by the router) explain."""
+    rng = np.random.default_rng(0)
+    placed = {}
+    for k in range(4):
+        prefix = rng.integers(10, 900, size=80).tolist()
+        first = cluster.completion(prefix + [5], 2)["nvext"]
+        placed[k] = first["worker_id"]["decode_worker_id"]
+        time.sleep(0.5)  # events travel asynchronously
+        for q in range(2):
+            again = cluster.completion(prefix + [6 + q], 2)["nvext"]
+            assert again["worker_id"]["decode_worker_id"] == placed[k], (k, q)
+            assert again["timing"]["kv_hit_rate"] == pytest.approx(5 / 6), again["timing"]  # 5 of 6 blocks cached
+
+
+def test_cancelled_stream_frees_the_request(cluster):
+    stream = cluster.client.completions.create(model="demo", prompt=_prompt_ids(), max_tokens=1500, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True})
+    got = 0
+    for chunk in stream:
+        got += 1
+        if got == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = cluster.metrics()
+        inflight = re.search(r'^dynamo_frontend_inflight_requests\{model="demo"\} (\S+)', text, re.M)
+        blocks = [float(v) for v in re.findall(r"^dynamo_frontend_worker_active_decode_blocks\{[^}]*\} (\S+)", text, re.M)]
+        if inflight and float(inflight.group(1)) == 0 and not any(blocks):
+            return
+        time.sleep(0.5)
+    pytest.fail("the cancelled request still holds the frontend or a worker's blocks:\n" + text[-2000:])
+
+
+def test_nothing_listens_beyond_loopback(cluster):
+    group = subprocess.run(["pgrep", "-g", str(cluster.proc.pid)], capture_output=True, text=True).stdout.split()
+    lines = _listening([int(p) for p in group])  # launcher, broker, frontend, workers
+    assert lines, "no listening socket found for the cluster's processes"
+    addrs = [line.split()[3] for line in lines]
+    assert all(a.startswith("127.0.0.1:") or a.startswith("[::1]:") for a in addrs), addrs
+
+
+def test_a_killed_worker_leaves_the_other_serving(cluster):
+    os.kill(cluster.worker_pids[0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    ok = 0
+    while time.monotonic() < deadline and ok < 4:
+        out = cluster.completion(_prompt_ids(), 4)
+        ok = ok + 1 if "choices" in out else 0
+        time.sleep(0.3)
+    assert ok >= 4, out

@@ -1,0 +1,71 @@
+"""tritonllm.dynamo: Dynamo's request options -> our SamplingParams, KV events from the BlockPool, the
+launcher's command lines (no Dynamo needed: it is imported only when a worker starts)."""
+from __future__ import annotations
+
+import pytest
+
+from tritonllm.dynamo import launch
+from tritonllm.dynamo.engine import fold64, request_params
+from tritonllm.engine.kv_cache import BlockPool, block_hash
+from tritonllm.engine.request import InvalidRequest
+
+
+def test_options_map_onto_the_engine_and_neutral_values_pass():
+    p = request_params({"token_ids": [1], "sampling_options": {
+        "temperature": 0.5, "top_p": 0.9, "top_k": -1, "seed": 7, "presence_penalty": 0.1,
+        "frequency_penalty": 0.2, "repetition_penalty": 1.1, "n": 1, "best_of": None},
+        "stop_conditions": {"max_tokens": 12, "min_tokens": 2, "ignore_eos": True, "stop_token_ids_hidden": [2, 9]},
+        "output_options": {"logprobs": 0}})
+    assert (p.temperature, p.top_p, p.top_k, p.seed, p.max_tokens, p.min_tokens) == (0.5, 0.9, 0, 7, 12, 2)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.1, 0.2, 1.1)
+    assert p.end_id == -1 and p.stop_words == [[2], [9]] and p.return_log_probs
+    assert not request_params({"token_ids": [1]}).return_log_probs
+
+
+@pytest.mark.parametrize("request_, name", [
+    ({"sampling_options": {"n": 2}}, "n=2"),
+    ({"sampling_options": {"use_beam_search": True}}, "use_beam_search"),
+    ({"sampling_options": {"min_p": 0.1}}, "min_p"),
+    ({"stop_conditions": {"max_thinking_tokens": 5}}, "max_thinking_tokens"),
+    ({"output_options": {"logprobs": 5}}, "top_logprobs"),
+])
+def test_options_the_engine_lacks_are_refused_by_name(request_, name):
+    with pytest.raises(InvalidRequest, match=name):
+        request_params({"token_ids": [1], **request_})
+
+
+def test_block_hashes_fold_to_signed_64_bits():
+    assert fold64(None) is None and fold64(5) == 5
+    assert fold64((1 << 64) - 1) == -1 and fold64((7 << 64) | 3) == 3
+    h = block_hash(None, [1, 2, 3])
+    assert -(1 << 63) <= fold64(h) < (1 << 63)
+
+
+def test_the_pool_reports_stored_blocks_with_their_tokens_and_parent_and_removes_reused_ones():
+    events = []
+    pool = BlockPool(2)
+    pool.listener = events.append
+    a, b = pool.allocate(2)
+    h1 = block_hash(None, [1, 2])
+    h2 = block_hash(h1, [3, 4])
+    pool.register(a, h1, None, [1, 2])
+    pool.register(b, h2, h1, [3, 4])
+    pool.register(b, h2, h1, [3, 4])  # already published: no second event
+    assert events == [("stored", h1, None, (1, 2)), ("stored", h2, h1, (3, 4))]
+    pool.release([a, b])
+    pool.allocate(1)  # evicts the least recently freed cached block (the tail, released first)
+    assert events[-1] == ("removed", h1) or events[-1] == ("removed", h2)
+    assert len(events) == 3
+
+
+def test_launch_commands_keep_everything_on_loopback():
+    cmds = launch.commands(2, 8080, "kv", 1, None, None, "py")
+    assert cmds[0] == ["py", "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", "8080",
+                       "--router-mode", "kv", "--discovery-backend", "file"]
+    assert cmds[1] == cmds[2] == ["py", "-m", "tritonllm.dynamo", "--discovery-backend", "file", "--num-threads", "1"]
+    assert "--no-kv-events" in launch.commands(1, 1, "round-robin", 1, None, None, "py")[1]
+    env = launch.child_env("/tmp/x", launch.broker_url(5, 6))
+    assert env["DYN_ZMQ_BROKER_URL"] == "xsub=tcp://127.0.0.1:5 , xpub=tcp://127.0.0.1:6"
+    assert all(env[k] == "127.0.0.1" for k in launch.LOOPBACK_ENV)
+    with pytest.raises(ValueError):
+        launch.commands(0, 1, "kv", 1, None, None, "py")
