@@ -65,7 +65,7 @@ REPLICAS ?= 2
 DYNAMO_PORT ?= 8080
 ROUTER ?= kv
 
-.PHONY: dynamo-venv serve-dynamo
+.PHONY: dynamo-venv serve-dynamo bench-dynamo
 dynamo-venv: $(DYNAMO_STAMP)
 $(DYNAMO_STAMP): $(VENV_STAMP)
 	@echo "==> [dynamo] $(DYNAMO_VENV): ai-dynamo 1.6.1 over $(VENV)"
@@ -79,6 +79,10 @@ $(DYNAMO_STAMP): $(VENV_STAMP)
 serve-dynamo: build dynamo-venv
 	@echo "==> [serve-dynamo] Dynamo frontend + $(REPLICAS) workers of our engine, router $(ROUTER), loopback only"
 	PYTHONPATH=backends $(PY) -m tritonllm.dynamo.launch --replicas $(REPLICAS) --port $(DYNAMO_PORT) --router $(ROUTER)
+
+bench-dynamo: build dynamo-venv
+	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	PYTHONPATH=backends $(PY) benchmarks/bench_dynamo.py $(BENCH_ARGS)
 
 test: build dynamo-venv
 	@echo "==> [test] pytest tests $(PYTEST_ARGS)"

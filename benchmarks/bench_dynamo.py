@@ -1,0 +1,162 @@
+"""Dynamo over our engine: KV-aware routing vs round robin, and 1 vs 2 workers, in one invocation.
+
+    make bench-dynamo            # or: python benchmarks/bench_dynamo.py [--prefixes 16 --questions 12]
+
+Workload (prefix-heavy, as issue 16 asks): ``--prefixes`` long shared "system prompts" (random token ids,
+``--prefix-tokens`` each), ``--questions`` different short questions per prefix, shuffled, sent at
+``--concurrency`` through Dynamo's frontend (/v1/completions with token-id prompts, greedy). Each worker's
+KV cache is capped (``--kv-tokens``) so that round robin, which spreads every prefix over both workers,
+has to evict what KV routing keeps. Per run: the router's prefix hit rate (``nvext.timing.kv_hit_rate``,
+mean over requests), TTFT p50 / p95 (the frontend's ``ttft_ms``), output tokens/s (wall clock). Runs:
+kv x 2 workers, round-robin x 2 workers, kv x 1 worker (both threads); ratios printed against kv x 2.
+Progress goes to stderr; results to build/bench/dynamo/{results.json,dynamo.png}.
+
+Not in this file yet: the same OpenAI load against ``vllm serve`` and our single-node ``make openai``.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "backends"))
+
+from tritonllm.serving.discovery import find_free_ports  # noqa: E402
+
+
+def start(router: str, replicas: int, threads: int, deployment: Path) -> tuple[subprocess.Popen, int]:
+    (port,) = find_free_ports(1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tritonllm.dynamo.launch", "--replicas", str(replicas), "--port", str(port),
+         "--router", router, "--threads", str(threads), "--deployment", str(deployment)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "backends")}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    for line in proc.stdout:
+        if "dynamo READY" in line:
+            return proc, port
+    raise RuntimeError(f"dynamo launch ({router}, {replicas}) did not get READY")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def request(port: int, prompt: list[int], max_tokens: int) -> dict:
+    body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "nvext": {"extra_fields": ["timing", "worker_id"]}}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        out = json.loads(r.read())
+    t = out["nvext"]["timing"]
+    return {"ttft_ms": t["ttft_ms"], "hit": t.get("kv_hit_rate") or 0.0, "tokens": out["usage"]["completion_tokens"],
+            "worker": out["nvext"]["worker_id"]["decode_worker_id"]}
+
+
+def workload(args) -> list[list[int]]:
+    rng = random.Random(args.seed)
+    prefixes = [[rng.randrange(10, 900) for _ in range(args.prefix_tokens)] for _ in range(args.prefixes)]
+    prompts = [p + [rng.randrange(10, 900) for _ in range(8)] for p in prefixes for _ in range(args.questions)]
+    rng.shuffle(prompts)
+    return prompts
+
+
+def run(name: str, port: int, prompts: list[list[int]], args) -> dict:
+    t0 = time.perf_counter()
+    results = []
+    with cf.ThreadPoolExecutor(args.concurrency) as pool:
+        futures = [pool.submit(request, port, p, args.max_tokens) for p in prompts]
+        for i, f in enumerate(cf.as_completed(futures), 1):
+            results.append(f.result())
+            if i % 32 == 0 or i == len(futures):
+                print(f"  {name}: {i}/{len(futures)} requests", file=sys.stderr, flush=True)
+    wall = time.perf_counter() - t0
+    ttft = sorted(r["ttft_ms"] for r in results)
+    return {"run": name, "requests": len(results), "hit_rate": sum(r["hit"] for r in results) / len(results),
+            "ttft_p50_ms": ttft[len(ttft) // 2], "ttft_p95_ms": ttft[int(len(ttft) * 0.95) - 1],
+            "output_tok_s": sum(r["tokens"] for r in results) / wall, "seconds": wall,
+            "workers_used": len({r["worker"] for r in results})}
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib missing: `pip install -e .[bench]` for the plot)", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    names = [r["run"] for r in rows]
+    for ax, key, label in zip(axes, ("hit_rate", "ttft_p50_ms", "output_tok_s"),
+                              ("prefix hit rate", "TTFT p50 (ms)", "output tokens/s")):
+        ax.bar(names, [r[key] for r in rows])
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prefixes", type=int, default=16)
+    ap.add_argument("--prefix-tokens", type=int, default=256)
+    ap.add_argument("--questions", type=int, default=12)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--kv-tokens", type=int, default=4096, help="KV cache per worker (tokens)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "dynamo"))
+    args = ap.parse_args(argv)
+    dep = yaml.safe_load((ROOT / "deployment.yaml").read_text())
+    dep["models"]["tensorrt_llm"]["parameters"]["max_tokens_in_paged_kv_cache"] = args.kv_tokens
+    dep["llm"]["gpt_model_path"] = str(ROOT / dep["llm"]["gpt_model_path"])
+    deployment = Path(tempfile.mkdtemp()) / "deployment.yaml"
+    deployment.write_text(yaml.safe_dump(dep))
+    prompts = workload(args)
+    cores = os.cpu_count() or 2
+    rows = []
+    for name, router, replicas in (("kv x2", "kv", 2), ("round-robin x2", "round-robin", 2), ("kv x1", "kv", 1)):
+        print(f"{name}: starting", file=sys.stderr, flush=True)
+        proc, port = start(router, replicas, max(1, cores // replicas), deployment)
+        try:
+            request(port, prompts[0][:20], 2)  # warm-up outside the measurement
+            rows.append(run(name, port, prompts, args))
+        finally:
+            stop(proc)
+    base = rows[0]
+    print(f"\n{len(prompts)} requests: {args.prefixes} prefixes x {args.prefix_tokens} tokens, {args.questions} "
+          f"questions each, concurrency {args.concurrency}, {args.max_tokens} output tokens, KV {args.kv_tokens} "
+          "tokens per worker")
+    print(f"{'run':<16}{'hit rate':>9}{'TTFT p50':>10}{'TTFT p95':>10}{'tok/s':>8}  ratios vs kv x2 (TTFT p50, tok/s)")
+    for r in rows:
+        print(f"{r['run']:<16}{r['hit_rate']:>9.3f}{r['ttft_p50_ms']:>9.1f}m{r['ttft_p95_ms']:>9.1f}m"
+              f"{r['output_tok_s']:>8.1f}  {r['ttft_p50_ms'] / base['ttft_p50_ms']:.2f}x, "
+              f"{r['output_tok_s'] / base['output_tok_s']:.2f}x")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
+    plot(rows, out / "dynamo.png")
+    print(f"results: {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
