@@ -130,8 +130,10 @@ def test_kv_router_sends_a_cached_prefix_to_the_worker_that_holds_it(cluster):
         placed[k] = first["worker_id"]["decode_worker_id"]
         time.sleep(0.5)  # events travel asynchronously
         for q in range(2):
-            again = cluster.completion(prefix + [6 + q], 2)["nvext"]
+            out = cluster.completion(prefix + [6 + q], 2)
+            again = out["nvext"]
             assert again["worker_id"]["decode_worker_id"] == placed[k], (k, q)
+            assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 80  # the engine's own prefix hits
             assert again["timing"]["kv_hit_rate"] == pytest.approx(5 / 6), again["timing"]  # 5 of 6 blocks cached
 
 

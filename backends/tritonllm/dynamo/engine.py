@@ -152,6 +152,10 @@ class TritonLLMDynamoEngine:
                     chunk["completion_usage"] = {
                         "prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
                         "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
+                    if out.metrics is not None:  # OpenAI's usage.prompt_tokens_details: our prefix-cache hits
+                        cached = out.metrics.kv_reused_blocks * self.engine.config.block_size
+                        chunk["completion_usage"]["prompt_tokens_details"] = {
+                            "cached_tokens": min(cached, out.num_prompt_tokens)}
                     yield chunk
                     return
                 if chunk["token_ids"]:
