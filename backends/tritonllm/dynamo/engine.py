@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import queue
 import threading
 from typing import Any
@@ -217,10 +218,11 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--deployment", default=None, help="deployment.yaml (default: the repository's)")
     ap.add_argument("--model-path", default=None, help="HF checkpoint (default: llm.gpt_model_path)")
     ap.add_argument("--served-model-name", default=None, help="name in the OpenAI API (default: the folder's name)")
-    ap.add_argument("--namespace", default="tritonllm")
+    # Dynamo's operator sets DYN_NAMESPACE / DYN_DISCOVERY_BACKEND in its pods; locally: ours, file discovery.
+    ap.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "tritonllm"))
     ap.add_argument("--component", default="backend")
     ap.add_argument("--endpoint", default="generate")
-    ap.add_argument("--discovery-backend", default="file")
+    ap.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "file"))
     ap.add_argument("--num-threads", type=int, default=0, help="torch threads (0: the deployment's)")
     ap.add_argument("--no-kv-events", action="store_true", help="do not publish KV events (round-robin only)")
     return ap.parse_args(argv)
