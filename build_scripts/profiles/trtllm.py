@@ -210,10 +210,7 @@ def tensorrt_llm_config(deployment: dict, s: dict) -> mc.ModelConfig:
 
 
 def _nvidia_steps():
-    # The contract may offer NVIDIA's wiring directly; pruning below makes the result the same either way.
-    if hasattr(C, "ensemble_steps"):
-        return C.ensemble_steps(engine_stream_keys=False)
-    return C.ENSEMBLE_STEPS
+    return C.ensemble_steps(engine_stream_keys=False)
 
 
 def ensemble_config(deployment: dict, s: dict | None = None) -> mc.ModelConfig:

@@ -140,9 +140,11 @@ class TritonLLMDynamoEngine:
         except QueueFull as e:
             self._streams.pop(rid, None)
             raise Unknown(str(e)) from None
+        finished = False
         try:
             while True:
                 out: RequestOutput = await q.get()
+                finished = out.finished
                 if out.error is not None:
                     raise Unknown(f"engine: {out.error}")
                 chunk: dict[str, Any] = {"token_ids": list(out.new_token_ids), "index": 0}
@@ -163,8 +165,8 @@ class TritonLLMDynamoEngine:
                     yield chunk
         finally:
             self._streams.pop(rid, None)
-            if self.runner is not None:
-                self.runner.abort(rid)  # a no-op when finished; frees the KV blocks when the client left
+            if not finished and self.runner is not None:
+                self.runner.abort(rid)  # the client left mid-stream: free the KV blocks now
 
     async def abort(self, context) -> None:
         if self.runner is not None:
