@@ -57,11 +57,16 @@ serve: build
 # NVIDIA Dynamo (issue 16) in its own venv layered over ours (a .pth line: torch, transformers and this
 # package come from $(VENV)). ai-dynamo is installed --no-deps: its `aisimulate` dependency is a PyPI
 # placeholder that downloads from NVIDIA's own index; the other dependencies it lists are pinned here.
+# NIXL (KV handoff of disaggregated prefill / decode, through dynamo.nixl_connect) also --no-deps: its wheel
+# lists torch, which would pull a CUDA torch; its UCX moves CPU memory without any GPU. The meta package
+# picks nixl_cu13 when it sees CUDA 13 bindings (cuda-python, in the serving venv), so that is the one installed.
 DYNAMO_VENV := build/dynamo-venv
-DYNAMO_STAMP := $(DYNAMO_VENV)/.installed-1.6.1
+DYNAMO_STAMP := $(DYNAMO_VENV)/.installed-1.6.1-nixl1.5.1
+NIXL_PKGS := "nixl==1.5.1" "nixl-cu13==1.5.1"
 DYNAMO_DEPS := "msgspec>=0.19.0" "pyzmq>=26.0.0" "redis>=6.2.0,<9.0.0" "zstandard>=0.23,<1.0" "uvloop>=0.21.0" \
 	"prometheus-client>=0.23.1,<1.0" "kubernetes>=32.0.1,<33.0.0"
 REPLICAS ?= 2
+PREFILL_WORKERS ?= 0
 DYNAMO_PORT ?= 8080
 ROUTER ?= kv
 
@@ -73,12 +78,14 @@ $(DYNAMO_STAMP): $(VENV_STAMP)
 	$(PY) -c "import site; print(site.getsitepackages()[0])" > "$$($(DYNAMO_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/_tritonllm_main.pth"
 	$(DYNAMO_VENV)/bin/pip install --progress-bar off -q --no-deps "ai-dynamo==1.6.1" "ai-dynamo-runtime==1.6.1"
 	$(DYNAMO_VENV)/bin/pip install --progress-bar off -q $(DYNAMO_DEPS)
-	$(DYNAMO_VENV)/bin/python -c "import dynamo.frontend, dynamo.common.backend"
+	$(DYNAMO_VENV)/bin/pip install --progress-bar off -q --no-deps $(NIXL_PKGS)
+	$(DYNAMO_VENV)/bin/python -c "import dynamo.frontend, dynamo.common.backend, nixl._api"
 	@touch $@
 
 serve-dynamo: build dynamo-venv
 	@echo "==> [serve-dynamo] Dynamo frontend + $(REPLICAS) workers of our engine, router $(ROUTER), loopback only"
-	PYTHONPATH=backends $(PY) -m tritonllm.dynamo.launch --replicas $(REPLICAS) --port $(DYNAMO_PORT) --router $(ROUTER)
+	PYTHONPATH=backends $(PY) -m tritonllm.dynamo.launch --replicas $(REPLICAS) --port $(DYNAMO_PORT) --router $(ROUTER) \
+		--prefill-workers $(PREFILL_WORKERS)
 
 bench-dynamo: build dynamo-venv
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"

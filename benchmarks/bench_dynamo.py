@@ -10,10 +10,15 @@ has to evict what KV routing keeps. Per run: the prefix-cache hit rate our engin
 tokens served from cache / prompt tokens, from ``usage.prompt_tokens_details.cached_tokens``), the
 router's predicted hit (``nvext.timing.kv_hit_rate``, KV mode only), TTFT p50 / p95 (the frontend's
 ``ttft_ms``), output tokens/s (wall clock). Runs:
-kv x 2 workers, round-robin x 2 workers, kv x 1 worker (both threads); ratios printed against kv x 2.
-Progress goes to stderr; results to build/bench/dynamo/{results.json,dynamo.png}.
+kv x 2 workers, round-robin x 2 workers, kv x 1 worker (both threads), and disaggregated: 1 prefill + 1
+decode worker (KV through NIXL; the hit rate is then the prefill worker's); ratios printed against kv x 2.
 
-Not in this file yet: the same OpenAI load against ``vllm serve`` and our single-node ``make openai``.
+Then the servers side by side (``--servers``, phase ``servers``): the same OpenAI streaming load
+(``benchmarks/openai_load.py``: same text prompts, ``--load-max-tokens`` generated, concurrency ``--levels``)
+against Dynamo (KV router, 2 workers, one thread each), our single-node ``make serve`` + ``make openai`` and
+``vllm serve`` (vLLM CPU from build/peers; ``make bench-peers`` builds it), each on the demo model, one after
+the other in this invocation: output tokens/s, TTFT and ITL p50 / p99, ratios against Dynamo.
+Progress goes to stderr; results to build/bench/dynamo/{results.json,dynamo.png,servers.png}.
 """
 from __future__ import annotations
 
@@ -37,12 +42,15 @@ sys.path.insert(0, str(ROOT / "backends"))
 
 from tritonllm.serving.discovery import find_free_ports  # noqa: E402
 
+import openai_load  # noqa: E402  (benchmarks/ is this script's folder)
 
-def start(router: str, replicas: int, threads: int, deployment: Path) -> tuple[subprocess.Popen, int]:
+
+def start(router: str, replicas: int, threads: int, deployment: Path, prefill: int = 0) -> tuple[subprocess.Popen, int]:
     (port,) = find_free_ports(1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tritonllm.dynamo.launch", "--replicas", str(replicas), "--port", str(port),
-         "--router", router, "--threads", str(threads), "--deployment", str(deployment)],
+         "--router", router, "--threads", str(threads), "--deployment", str(deployment),
+         "--prefill-workers", str(prefill)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "backends")}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     for line in proc.stdout:
@@ -69,7 +77,7 @@ def request(port: int, prompt: list[int], max_tokens: int) -> dict:
     t, usage = out["nvext"]["timing"], out["usage"]
     return {"ttft_ms": t["ttft_ms"], "router_hit": t.get("kv_hit_rate") or 0.0, "tokens": usage["completion_tokens"],
             "prompt": usage["prompt_tokens"], "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-            "worker": out["nvext"]["worker_id"]["decode_worker_id"]}
+            "worker": out["nvext"]["worker_id"].get("decode_worker_id")}
 
 
 def workload(args) -> list[list[int]]:
@@ -119,17 +127,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prefixes", type=int, default=8)
-    ap.add_argument("--prefix-tokens", type=int, default=1024)
-    ap.add_argument("--questions", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--kv-tokens", type=int, default=6144, help="KV cache per worker (tokens)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "dynamo"))
-    args = ap.parse_args(argv)
+def routing_phase(args, out: Path) -> list[dict]:
     dep = yaml.safe_load((ROOT / "deployment.yaml").read_text())
     dep["models"]["tensorrt_llm"]["parameters"]["max_tokens_in_paged_kv_cache"] = args.kv_tokens
     dep["llm"]["gpt_model_path"] = str(ROOT / dep["llm"]["gpt_model_path"])
@@ -138,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = workload(args)
     cores = os.cpu_count() or 2
     rows = []
-    for name, router, replicas in (("kv x2", "kv", 2), ("round-robin x2", "round-robin", 2), ("kv x1", "kv", 1)):
+    runs = (("kv x2", "kv", 2, 0), ("round-robin x2", "round-robin", 2, 0), ("kv x1", "kv", 1, 0),
+            ("disagg 1P+1D", "kv", 1, 1))
+    for name, router, replicas, prefill in runs:
         print(f"{name}: starting", file=sys.stderr, flush=True)
-        proc, port = start(router, replicas, max(1, cores // replicas), deployment)
+        proc, port = start(router, replicas, max(1, cores // (replicas + prefill)), deployment, prefill)
         try:
             request(port, prompts[0][:20], 2)  # warm-up outside the measurement
             rows.append(run(name, port, prompts, args))
@@ -157,10 +157,89 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ttft_p95_ms']:>8.1f}ms{r['output_tok_s']:>8.1f}  {r['hit_rate'] / base['hit_rate']:.2f}x, "
               f"{r['ttft_p50_ms'] / base['ttft_p50_ms']:.2f}x, {r['ttft_p95_ms'] / base['ttft_p95_ms']:.2f}x, "
               f"{r['output_tok_s'] / base['output_tok_s']:.2f}x")
+    plot(rows, out / "dynamo.png")
+    return rows
+
+
+def start_server(name: str, args, log_dir: Path):
+    """(port, stop) of one compared server, on the demo model under the OpenAI name "demo"."""
+    if name == "dynamo":
+        proc, port = start("kv", 2, max(1, (os.cpu_count() or 2) // 2), ROOT / "deployment.yaml")
+        return port, lambda: stop(proc)
+    if name == "ours":
+        return openai_load.start_ours("demo", log_dir)
+    if name == "vllm":
+        return openai_load.start_vllm("demo", ROOT / "build" / "models" / "demo", os.cpu_count() or 2, log_dir,
+                                      max_num_seqs=max(args.levels))
+    raise SystemExit(f"unknown server {name!r} (dynamo, ours, vllm)")
+
+
+def servers_phase(args, out: Path) -> list[dict]:
+    dep = yaml.safe_load((ROOT / "deployment.yaml").read_text())
+    prompts = openai_load.text_prompts(ROOT / dep["llm"]["tokenizer_dir"], args.load_requests * len(args.levels),
+                                       args.load_prompt_tokens, args.seed)
+    rows = []
+    for name in args.servers.split(","):
+        print(f"{name}: starting", file=sys.stderr, flush=True)
+        try:
+            port, stop_fn = start_server(name, args, out)
+        except Exception as e:  # a peer that cannot run here is reported, not fatal
+            print(f"{name}: cannot start: {e}", file=sys.stderr)
+            rows.append({"server": name, "error": str(e)})
+            continue
+        try:
+            openai_load.stream_one(port, "demo", prompts[0], 4)  # warm-up outside the measurement
+            for i, c in enumerate(args.levels):
+                chunk = prompts[i * args.load_requests:(i + 1) * args.load_requests]
+                row = {"server": name, **openai_load.run_level(port, "demo", chunk, args.load_max_tokens, c)}
+                print(f"  {name} c={c}: {row['output_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+                rows.append(row)
+        finally:
+            stop_fn()
+    print(f"\n{args.load_requests} streamed requests per level, ~{args.load_prompt_tokens}-token text prompts, "
+          f"{args.load_max_tokens} generated, greedy; ratios against dynamo at the same concurrency")
+    print(f"{'server':<8}{'conc':>5}{'tok/s':>8}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}"
+          f"{'chunk/tok':>10}  tok/s ratio")
+    base = {r["concurrency"]: r for r in rows if r["server"] == "dynamo" and "error" not in r}
+    for r in rows:
+        if "error" in r:
+            print(f"{r['server']:<8} not run: {r['error'][:100]}")
+            continue
+        b = base.get(r["concurrency"])
+        ratio = f"{r['output_tok_s'] / b['output_tok_s']:.2f}x" if b else "-"
+        print(f"{r['server']:<8}{r['concurrency']:>5}{r['output_tok_s']:>8.1f}{r['ttft_p50_ms']:>8.1f}ms"
+              f"{r['ttft_p99_ms']:>8.1f}ms{r['itl_p50_ms']:>7.1f}ms{r['itl_p99_ms']:>7.1f}ms"
+              f"{r['chunks_per_token']:>10.2f}  {ratio}")
+    openai_load.plot_levels([r for r in rows if "error" not in r], out / "servers.png")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--phases", default="routing,servers", help="routing, servers, or both (comma-separated)")
+    ap.add_argument("--prefixes", type=int, default=8)
+    ap.add_argument("--prefix-tokens", type=int, default=1024)
+    ap.add_argument("--questions", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--kv-tokens", type=int, default=6144, help="KV cache per worker (tokens)")
+    ap.add_argument("--servers", default="dynamo,ours,vllm", help="servers phase: which servers, in order")
+    ap.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
+    ap.add_argument("--load-requests", type=int, default=32, help="servers phase: requests per level")
+    ap.add_argument("--load-prompt-tokens", type=int, default=128)
+    ap.add_argument("--load-max-tokens", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "dynamo"))
+    args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
-    plot(rows, out / "dynamo.png")
+    phases = args.phases.split(",")
+    results = {"args": vars(args)}
+    if "routing" in phases:
+        results["runs"] = routing_phase(args, out)
+    if "servers" in phases:
+        results["servers"] = servers_phase(args, out)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"results: {out / 'results.json'}")
     return 0
 

@@ -8,69 +8,17 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from dynamo_helpers import DYNAMO_PY, Cluster, prompt_ids
 from robustness_helpers import stream_request, text_tensors
-from tritonllm.serving.discovery import find_free_ports
 
-ROOT = Path(__file__).resolve().parents[2]
-DYNAMO_PY = ROOT / "build" / "dynamo-venv" / "bin" / "python"
 PROMPT = "The future of AI is"
 openai = pytest.importorskip("openai")
-
-
-class Cluster:
-    def __init__(self, router: str, replicas: int = 2) -> None:
-        (self.port,) = find_free_ports(1)
-        self.log_dir = ROOT / "build" / "logs"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tritonllm.dynamo.launch", "--replicas", str(replicas), "--port", str(self.port),
-             "--router", router, "--threads", "1", "--log-dir", str(self.log_dir)],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "backends")}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if "dynamo READY" in line:
-                self.worker_pids = [int(p) for p in re.search(r"pids ([\d ]+)\)", line).group(1).split()]
-                self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
-                return
-        self.stop()
-        pytest.fail("dynamo launch did not get READY:\n" + "".join(self.lines[-40:]), pytrace=False)
-
-    def completion(self, prompt, max_tokens=10, **extra) -> dict:
-        body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "nvext": {"extra_fields": ["worker_id", "timing"]}, **extra}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return {"status": e.code, **json.loads(e.read() or b"{}")}
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the process group, as a supervisor would
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +35,8 @@ def cluster(built_repository):
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
 
-def _prompt_ids(tokenizer_dir=ROOT / "build" / "models" / "demo") -> list[int]:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))(PROMPT)["input_ids"]
-
-
-def _listening(pids: list[int]) -> list[str]:
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+def _prompt_ids() -> list[int]:
+    return prompt_ids(PROMPT)
 
 
 def test_greedy_text_equals_make_serves_streamed_and_not(cluster, triton_server):
@@ -158,8 +99,7 @@ def test_cancelled_stream_frees_the_request(cluster):
 
 
 def test_nothing_listens_beyond_loopback(cluster):
-    group = subprocess.run(["pgrep", "-g", str(cluster.proc.pid)], capture_output=True, text=True).stdout.split()
-    lines = _listening([int(p) for p in group])  # launcher, broker, frontend, workers
+    lines = cluster.listening()  # launcher, broker, frontend, workers
     assert lines, "no listening socket found for the cluster's processes"
     addrs = [line.split()[3] for line in lines]
     assert all(a.startswith("127.0.0.1:") or a.startswith("[::1]:") for a in addrs), addrs

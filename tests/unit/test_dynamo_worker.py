@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tritonllm.dynamo import launch
-from tritonllm.dynamo.engine import fold64, request_params
+from tritonllm.dynamo.engine import fold64, parse_args, request_params
 from tritonllm.engine.kv_cache import BlockPool, block_hash
 from tritonllm.engine.request import InvalidRequest
 
@@ -69,3 +69,17 @@ def test_launch_commands_keep_everything_on_loopback():
     assert all(env[k] == "127.0.0.1" for k in launch.LOOPBACK_ENV)
     with pytest.raises(ValueError):
         launch.commands(0, 1, "kv", 1, None, None, "py")
+
+
+def test_launch_commands_with_prefill_workers_and_the_worker_roles():
+    cmds = launch.commands(1, 8080, "kv", 1, None, None, "py", prefill_workers=2)
+    assert [c[-1] for c in cmds[1:]] == ["decode", "prefill", "prefill"]
+    assert all(c[-2] == "--disaggregation-mode" for c in cmds[1:])
+    env = launch.child_env("/tmp/x", launch.broker_url(5, 6))
+    assert env["UCX_NET_DEVICES"] == "lo" and "tcp" in env["UCX_TLS"]  # NIXL's UCX stays on loopback
+    with pytest.raises(ValueError):
+        launch.commands(1, 1, "kv", 1, None, None, "py", prefill_workers=-1)
+    args = parse_args(["--disaggregation-mode", "prefill"])
+    assert args.disaggregation_mode == "prefill" and args.component is None  # from_args picks "prefill"
+    with pytest.raises(SystemExit):
+        parse_args(["--disaggregation-mode", "encode"])  # not a role this engine takes

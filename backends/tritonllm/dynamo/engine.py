@@ -15,6 +15,10 @@ Invariants:
   signed 64 bits Dynamo's publisher takes; the router hashes the tokens itself, so its index and ours
   agree by construction. Load snapshots (used / total blocks, hit rate) go out at ~10 Hz.
 - Engine work stays on the runner thread; outputs cross to the asyncio loop by call_soon_threadsafe.
+- Disaggregated roles (``--disaggregation-mode prefill|decode``, ``disagg.py``): a prefill worker runs one
+  token and offers the prompt's KV blocks; a decode worker reads them into its prefix cache before it admits
+  the request. Usage on the decode side reports the prefill worker's cached tokens, as Dynamo's vLLM worker
+  does.
 """
 from __future__ import annotations
 
@@ -24,11 +28,16 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any
 
+import torch
+
 from ..engine.engine import LLMEngine as OurEngine
+from ..engine.kv_transfer import KVPrefix, export_prefix, import_prefix
 from ..engine.request import InvalidRequest, QueueFull, RequestOutput, SamplingParams
 from ..engine.runner import EngineRunner
+from .disagg import KVHandoff
 from .settings import engine_settings
 
 log = logging.getLogger(__name__)
@@ -83,8 +92,11 @@ class TritonLLMDynamoEngine:
     """Built by ``dynamo_engine_class()`` as a subclass of Dynamo's LLMEngine (imported lazily, so this
     module imports without Dynamo installed)."""
 
-    def __init__(self, model_path: str, served_name: str, config) -> None:
-        self.model_path, self.served_name, self.config = model_path, served_name, config
+    def __init__(self, model_path: str, served_name: str, config, mode: str = "agg") -> None:
+        self.model_path, self.served_name, self.config, self.mode = model_path, served_name, config, mode
+        self.handoff = KVHandoff() if mode in ("prefill", "decode") else None
+        self._prefills: dict[str, tuple[list[int], int | None]] = {}  # prefill role: rid -> (prompt, LoRA)
+        self._exports: dict[str, KVPrefix] = {}
         self.engine: OurEngine | None = None
         self.runner: EngineRunner | None = None
         self._streams: dict[str, asyncio.Queue] = {}
@@ -100,7 +112,12 @@ class TritonLLMDynamoEngine:
 
         del worker_id
         self._loop = asyncio.get_running_loop()
+        if self.handoff is not None and not self.config.enable_prefix_caching:
+            raise ValueError(f"--disaggregation-mode {self.mode} needs enable_kv_cache_reuse: true (the decode "
+                             "worker installs the prefill worker's KV as cached prefix blocks)")
         self.engine = await self._loop.run_in_executor(None, OurEngine, self.model_path, self.config)
+        if self.handoff is not None:
+            await self.handoff.start()
         self.engine.pool.listener = self._events.put  # KV events, on the engine thread
         self.runner = EngineRunner(self.engine, self._on_output).start()
         c = self.engine.config
@@ -118,6 +135,9 @@ class TritonLLMDynamoEngine:
 
     # ---- requests ----------------------------------------------------------------------------
     def _on_output(self, out: RequestOutput) -> None:
+        job = self._prefills.pop(out.request_id, None) if out.finished else None
+        if job is not None and out.error is None:  # on the engine thread: the blocks are still cached
+            self._exports[out.request_id] = export_prefix(self.engine.pool, self.engine.kv, job[0], job[1])
         q = self._streams.get(out.request_id)
         if q is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(q.put_nowait, out)
@@ -131,14 +151,22 @@ class TritonLLMDynamoEngine:
             params = request_params(request)
             eos = set(self.engine.spec.eos_token_ids)  # the engine stops on these itself
             params.stop_words = [w for w in params.stop_words if w[0] not in eos]
+            prefill_result = request.get("prefill_result") if self.mode == "decode" else None
+            if self.mode == "prefill":
+                params.max_tokens, params.min_tokens = 1, min(params.min_tokens or 0, 1)
+                self._prefills[rid] = (prompt, params.lora_task_id)
+            elif prefill_result is not None:
+                await self._import(prompt, params, prefill_result)
             q: asyncio.Queue = asyncio.Queue()
             self._streams[rid] = q
             self.runner.submit(rid, prompt, params)
         except InvalidRequest as e:
             self._streams.pop(rid, None)
+            self._prefills.pop(rid, None)
             raise InvalidArgument(str(e)) from None
         except QueueFull as e:
             self._streams.pop(rid, None)
+            self._prefills.pop(rid, None)
             raise Unknown(str(e)) from None
         finished = False
         try:
@@ -155,18 +183,36 @@ class TritonLLMDynamoEngine:
                     chunk["completion_usage"] = {
                         "prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
                         "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
-                    if out.metrics is not None:  # OpenAI's usage.prompt_tokens_details: our prefix-cache hits
+                    if prefill_result is not None and prefill_result.get("prompt_tokens_details"):
+                        chunk["completion_usage"]["prompt_tokens_details"] = prefill_result["prompt_tokens_details"]
+                    elif out.metrics is not None:  # OpenAI's usage.prompt_tokens_details: our prefix-cache hits
                         cached = out.metrics.kv_reused_blocks * self.engine.config.block_size
                         chunk["completion_usage"]["prompt_tokens_details"] = {
                             "cached_tokens": min(cached, out.num_prompt_tokens)}
+                    if self.mode == "prefill":
+                        chunk["disaggregated_params"] = await self.handoff.offer(
+                            self._exports.pop(rid, None) or KVPrefix([], torch.empty(0)))
                     yield chunk
                     return
                 if chunk["token_ids"]:
                     yield chunk
         finally:
             self._streams.pop(rid, None)
+            self._exports.pop(rid, None)
             if not finished and self.runner is not None:
                 self.runner.abort(rid)  # the client left mid-stream: free the KV blocks now
+
+    async def _import(self, prompt: list[int], params: SamplingParams, prefill_result: dict) -> None:
+        """Decode role: the prefill worker's KV into our prefix cache, before the request is admitted."""
+        prefix = await self.handoff.fetch(prefill_result)
+        if prefix is None:
+            return
+        fut = self.runner.call(lambda e: import_prefix(e.pool, e.kv, prompt, prefix, params.lora_task_id))
+        try:
+            self.handoff.imported_blocks += await asyncio.wrap_future(fut)
+        except ValueError as e:  # another layout (a different model or KV dtype): computed here
+            self.handoff.failed += 1
+            log.warning("KV handoff not installed: %s", e)
 
     async def abort(self, context) -> None:
         if self.runner is not None:
@@ -192,7 +238,13 @@ class TritonLLMDynamoEngine:
         from dynamo.common.backend.publisher import ComponentSnapshot
 
         bs = self.engine.config.block_size
+        said, next_say = "", 0.0
         while not self._stop.is_set():
+            if self.handoff is not None and time.monotonic() >= next_say:
+                summary, next_say = self.handoff.summary(), time.monotonic() + 5.0
+                if summary != said:
+                    log.info("%s", summary)
+                    said = summary
             try:
                 event = self._events.get(timeout=0.1)
             except queue.Empty:
@@ -222,7 +274,9 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--served-model-name", default=None, help="name in the OpenAI API (default: the folder's name)")
     # Dynamo's operator sets DYN_NAMESPACE / DYN_DISCOVERY_BACKEND in its pods; locally: ours, file discovery.
     ap.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "tritonllm"))
-    ap.add_argument("--component", default="backend")
+    ap.add_argument("--disaggregation-mode", choices=("agg", "prefill", "decode"), default="agg",
+                    help="Dynamo's disaggregated roles: agg (prefill and decode here), prefill, decode")
+    ap.add_argument("--component", default=None, help="default: prefill for prefill workers, else backend")
     ap.add_argument("--endpoint", default="generate")
     ap.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "file"))
     ap.add_argument("--num-threads", type=int, default=0, help="torch threads (0: the deployment's)")
@@ -233,6 +287,7 @@ def parse_args(argv: list[str] | None):
 def dynamo_engine_class():
     """TritonLLMDynamoEngine mixed into Dynamo's LLMEngine ABC (Dynamo is imported here, not at module top)."""
     from dynamo.common.backend import LLMEngine, WorkerConfig
+    from dynamo.common.constants import DisaggregationMode
 
     class Engine(TritonLLMDynamoEngine, LLMEngine):
         @classmethod
@@ -240,11 +295,13 @@ def dynamo_engine_class():
             args = parse_args(argv)
             model_path, served, config = engine_settings(args.deployment, args.model_path, args.num_threads)
             served = args.served_model_name or served
-            engine = cls(model_path, served, config)
+            engine = cls(model_path, served, config, args.disaggregation_mode)
+            component = args.component or ("prefill" if args.disaggregation_mode == "prefill" else "backend")
             return engine, WorkerConfig(
-                namespace=args.namespace, component=args.component, endpoint=args.endpoint,
+                namespace=args.namespace, component=component, endpoint=args.endpoint,
                 model_name=model_path, served_model_name=served, discovery_backend=args.discovery_backend,
-                enable_kv_routing=not args.no_kv_events)
+                enable_kv_routing=not args.no_kv_events,
+                disaggregation_mode=DisaggregationMode(args.disaggregation_mode))
 
     return Engine
 

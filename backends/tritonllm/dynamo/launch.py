@@ -1,12 +1,14 @@
 """``make serve-dynamo``: Dynamo's frontend (OpenAI API) plus N workers of our engine on this machine.
 
     python -m tritonllm.dynamo.launch --replicas 2 --port 8080 --router kv
+    python -m tritonllm.dynamo.launch --replicas 1 --prefill-workers 1    # disaggregated prefill / decode
 
 Invariants:
 - Everything listens on loopback only: the frontend's HTTP on 127.0.0.1, Dynamo's request and response
   planes pinned there (``DYN_TCP_RPC_HOST``, ``DYN_TCP_RESPONSE_STREAM_HOST``, ``DYN_EVENT_PLANE_HOST``),
   and the event plane in broker mode through ``tritonllm.dynamo.broker`` on 127.0.0.1 (Dynamo 1.6.1's
-  direct mode binds every publisher on 0.0.0.0); discovery is a private folder (``--discovery-backend
+  direct mode binds every publisher on 0.0.0.0); NIXL's UCX (KV handoff between prefill and decode
+  workers) on ``lo`` (``disagg.LOOPBACK_UCX``); discovery is a private folder (``--discovery-backend
   file``, ``DYN_FILE_KV``), so no etcd or NATS, and two launches never see each other's workers.
 - Workers split the CPU threads evenly; ``READY`` is printed once the frontend lists the model with every
   worker registered.
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from ..serving.discovery import find_free_ports
 from .broker import broker_url
+from .disagg import LOOPBACK_UCX
 
 REPO = Path(__file__).resolve().parents[3]
 LOOPBACK_ENV = {"DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
@@ -43,7 +46,7 @@ def dynamo_python() -> str:
 
 
 def child_env(store: str, broker: str) -> dict[str, str]:
-    env = {**os.environ, **LOOPBACK_ENV, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": store,
+    env = {**os.environ, **LOOPBACK_ENV, **LOOPBACK_UCX, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": store,
            "DYN_EVENT_PLANE": "zmq", "DYN_ZMQ_BROKER_URL": broker,
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "backends"), os.environ.get("PYTHONPATH")) if p)}
     env.pop("DYN_SYSTEM_PORT", None)  # no worker status server: nothing else listens
@@ -51,10 +54,13 @@ def child_env(store: str, broker: str) -> dict[str, str]:
 
 
 def commands(replicas: int, port: int, router: str, threads: int, deployment: str | None,
-             served_name: str | None, python: str) -> list[list[str]]:
-    """[frontend, worker 0, worker 1, ...] argv (pure; tested)."""
+             served_name: str | None, python: str, prefill_workers: int = 0) -> list[list[str]]:
+    """[frontend, worker 0, ..., prefill worker 0, ...] argv (pure; tested). With prefill workers the
+    ``replicas`` workers are decode workers."""
     if replicas < 1:
         raise ValueError("--replicas must be >= 1")
+    if prefill_workers < 0:
+        raise ValueError("--prefill-workers must be >= 0")
     if router not in ROUTERS:
         raise ValueError(f"--router must be one of {ROUTERS}")
     frontend = [python, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
@@ -66,7 +72,10 @@ def commands(replicas: int, port: int, router: str, threads: int, deployment: st
         worker += ["--served-model-name", served_name]
     if router != "kv":
         worker += ["--no-kv-events"]
-    return [frontend] + [list(worker) for _ in range(replicas)]
+    if not prefill_workers:
+        return [frontend] + [list(worker) for _ in range(replicas)]
+    return ([frontend] + [worker + ["--disaggregation-mode", "decode"] for _ in range(replicas)]
+            + [worker + ["--disaggregation-mode", "prefill"] for _ in range(prefill_workers)])
 
 
 def models(port: int) -> dict:
@@ -121,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--prefill-workers", type=int, default=0,
+                    help="disaggregated serving: this many prefill workers, and --replicas decode workers")
     ap.add_argument("--router", default="kv", choices=ROUTERS)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (default: cores / replicas)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (default: cores / workers)")
     ap.add_argument("--deployment", default=None)
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--ready-timeout", type=float, default=300.0)
@@ -130,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-dir", default=str(REPO / "build" / "logs"))
     ap.add_argument("--exit-on-worker-death", action="store_true")
     args = ap.parse_args(argv)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.replicas)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // (args.replicas + args.prefill_workers))
     cmds = commands(args.replicas, args.port, args.router, threads, args.deployment, args.served_model_name,
-                    dynamo_python())
+                    dynamo_python(), args.prefill_workers)
     store = tempfile.mkdtemp(prefix="dynamo-kv-")
     xsub, xpub = find_free_ports(2)
     env = child_env(store, broker_url(xsub, xpub))
@@ -153,14 +164,16 @@ def main(argv: list[str] | None = None) -> int:
                                       stderr=subprocess.STDOUT))
         worker_logs = []
         for i, cmd in enumerate(cmds[1:] + cmds[:1]):  # workers first: the frontend finds them at once
-            name = "frontend" if cmd is cmds[0] else f"worker{i}"
+            name = "frontend" if cmd is cmds[0] else f"prefill{i - args.replicas}" if i >= args.replicas else f"worker{i}"
             path = Path(args.log_dir) / f"dynamo-{name}-{args.port}.log"
             worker_logs += [] if cmd is cmds[0] else [path]
             log = open(path, "w")
             procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
         model = wait_ready(args.port, procs, args.ready_timeout, worker_logs)
         pids = " ".join(str(p.pid) for p in procs[1:-1])
-        print(f"*** dynamo READY  http://127.0.0.1:{args.port}/v1  model {model}  {args.replicas} worker(s) "
+        roles = (f"{args.replicas} decode + {args.prefill_workers} prefill worker(s)" if args.prefill_workers
+                 else f"{args.replicas} worker(s)")
+        print(f"*** dynamo READY  http://127.0.0.1:{args.port}/v1  model {model}  {roles} "
               f"(pids {pids}), router {args.router}  (Ctrl-C stops)", flush=True)
         reported: set[int] = set()
         while not stopping:

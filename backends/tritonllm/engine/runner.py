@@ -11,6 +11,7 @@ import logging
 import threading
 import traceback
 from collections import deque
+from concurrent.futures import Future
 from typing import Callable
 
 from .engine import LLMEngine
@@ -57,6 +58,17 @@ class EngineRunner:
             self._inbox.append(("abort", request_id))
             self._cv.notify()
 
+    def call(self, fn: Callable[[LLMEngine], object]) -> Future:
+        """Runs fn(engine) on the engine thread between steps, after every command already submitted (so a
+        request submitted after call() returns sees its effect); the Future holds the result or exception."""
+        fut: Future = Future()
+        with self._cv:
+            if self._stop:
+                raise QueueFull("the engine is shutting down")
+            self._inbox.append(("call", fn, fut))
+            self._cv.notify()
+        return fut
+
     def num_unfinished(self) -> int:
         with self._cv:
             return len(self._unfinished)
@@ -96,6 +108,9 @@ class EngineRunner:
                     return
             for cmd in cmds:
                 if cmd[0] == "exit":
+                    for left in cmds:
+                        if left[0] == "call":
+                            left[2].cancel()
                     return
                 self._apply(cmd)
             if not self.engine.has_work():
@@ -119,6 +134,13 @@ class EngineRunner:
             out = self.engine.abort(cmd[1])
             if out is not None:
                 self._emit(out)
+        elif cmd[0] == "call":
+            _, fn, fut = cmd
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.engine))
+                except Exception as e:  # the caller gets it; the engine keeps serving
+                    fut.set_exception(e)
 
     def _fail(self, rid: str, msg: str) -> RequestOutput:
         self.engine.abort(rid)
