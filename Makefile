@@ -16,7 +16,7 @@ METRICS_PORT ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: all serve build test venv configs check-configs clean distclean bench bench-peers
+.PHONY: all serve build test venv configs check-configs clean distclean bench bench-peers bench-quant
 
 all: build
 
@@ -117,6 +117,13 @@ bench: build
 # checked against ours, table and plot in build/bench/peers.{json,png}. PEERS_ARGS="--peers llamacpp --skip-hf"
 # narrows it; PEERS_ARGS="--quiet-wait 300" waits for a quiet machine before each engine.
 PEERS_ARGS ?=
+# INT8 / INT4 / FP8 weights against fp32 (speed on the bench model, perplexity of the demo model) and
+# llama.cpp Q8_0 / Q4_0 / Q4_K_M when `make bench-peers` has built it (QUANT_ARGS="--llamacpp require").
+QUANT_ARGS ?=
+bench-quant: build
+	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	$(PY) benchmarks/bench_quant.py $(QUANT_ARGS)
+
 bench-peers: build
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/bench_peers.py $(PEERS_ARGS)

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "backends"))
 from tritonllm.serving.discovery import find_free_ports  # noqa: E402
 
 import openai_load  # noqa: E402  (benchmarks/ is this script's folder)
+from plotting import pyplot  # noqa: E402
 
 
 def start(router: str, replicas: int, threads: int, deployment: Path, prefill: int = 0) -> tuple[subprocess.Popen, int]:
@@ -108,13 +109,8 @@ def run(name: str, port: int, prompts: list[list[int]], args) -> dict:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib missing: `pip install -e .[bench]` for the plot)", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     names = [r["run"] for r in rows]

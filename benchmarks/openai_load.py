@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import http.client
 import json
+import math
 import os
 import random
 import signal
@@ -22,6 +23,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from plotting import pyplot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,10 +39,11 @@ def text_prompts(tokenizer_dir: str | Path, n: int, tokens: int, seed: int = 0) 
 
 
 def percentile(xs: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q% of the values at or below it."""
     if not xs:
         return float("nan")
     s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
 def stream_one(port: int, model: str, prompt: str, max_tokens: int) -> dict:
@@ -177,13 +181,8 @@ def start_vllm(model: str, model_dir: Path, threads: int, log_dir: Path, max_num
 
 def plot_levels(rows: list[dict], path: Path) -> None:
     """Output tokens/s, TTFT p50 and ITL p50 against concurrency, one line per server."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib missing: `pip install -e .[bench]` for the plot)", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     for server in dict.fromkeys(r["server"] for r in rows):

@@ -316,6 +316,7 @@ def engine_config_from_parameters(p: dict[str, str]):
                        if get("speculative_decoding_mode", str, "") in SPECULATIVE_MODES else 0),
         ngram_max=get("prompt_lookup_ngram", int, 3),
         quantization=get("quantization", str, "none"),
+        quant_group_size=get("quant_group_size", int, 32),
         fp8_matmul=get("fp8_matmul", str, "auto"),
         cpu_kernels=get("cpu_kernels", str, "auto"),
         kv_cache_dtype=get("kv_cache_dtype", str, "auto"),

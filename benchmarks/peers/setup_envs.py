@@ -32,6 +32,9 @@ LLAMACPP_SRC = os.path.join(PEERS, "src", f"llama_cpp_python-{LLAMACPP_VERSION}"
 LLAMACPP_BUILD = os.path.join(LLAMACPP_VENV, "cmake-build")
 LLAMACPP_LIB = os.path.join(LLAMACPP_BUILD, "bin")
 BATCHED_BENCH = os.path.join(LLAMACPP_LIB, "llama-batched-bench")
+QUANTIZE = os.path.join(LLAMACPP_LIB, "llama-quantize")
+LLAMA_BENCH = os.path.join(LLAMACPP_LIB, "llama-bench")
+LLAMACPP_TARGETS = ["llama", "llama-batched-bench", "llama-quantize", "llama-bench"]
 PIP = ["-m", "pip", "install", "--progress-bar", "off"]
 
 
@@ -103,8 +106,9 @@ def vllm_env() -> str:
 
 
 def llamacpp_env() -> str:
-    """build/peers/llamacpp ready (python packages, libllama, llama-batched-bench); returns its python."""
-    recipe = [f"llama-cpp-python=={LLAMACPP_VERSION}", "cmake llama llama-batched-bench native",
+    """build/peers/llamacpp ready (python packages, libllama, llama-batched-bench, llama-quantize, llama-bench);
+    returns its python."""
+    recipe = [f"llama-cpp-python=={LLAMACPP_VERSION}", "cmake " + " ".join(LLAMACPP_TARGETS) + " native",
               "torch==2.13.0", "transformers==4.57.6", "numpy<2.3", "sentencepiece", "protobuf<5", "gguf-py"]
     ok, stamp = _stamped(LLAMACPP_VENV, recipe)
     py = os.path.join(LLAMACPP_VENV, "bin", "python")
@@ -125,8 +129,8 @@ def llamacpp_env() -> str:
                 "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], logf,
                "llama.cpp: cmake configure")
-    run_logged(["cmake", "--build", LLAMACPP_BUILD, "--target", "llama", "llama-batched-bench", "-j",
-                str(os.cpu_count() or 2)], logf, "llama.cpp: compiling libllama + llama-batched-bench (5-10 min)")
+    run_logged(["cmake", "--build", LLAMACPP_BUILD, "--target", *LLAMACPP_TARGETS, "-j", str(os.cpu_count() or 2)],
+               logf, "llama.cpp: compiling libllama, llama-batched-bench, llama-quantize, llama-bench (5-10 min)")
     open(stamp, "w").close()
     return py
 
@@ -217,6 +221,20 @@ def gguf_f32(py: str, model_dir: str) -> str:
         return out
     run_logged([py, os.path.join(HERE, "convert_gguf.py"), os.path.join(LLAMACPP_SRC, "vendor", "llama.cpp"),
                 model_dir, out], os.path.join(PEERS, "gguf-convert.log"), "converting the checkpoint to GGUF F32")
+    with open(stamp, "w") as f:
+        f.write(key)
+    return out
+
+
+def gguf_quantized(f32_gguf: str, kind: str) -> str:
+    """build/peers/bench-<kind>.gguf from the F32 GGUF by llama-quantize (Q8_0, Q4_0, Q4_K_M; cached)."""
+    out = os.path.join(PEERS, f"bench-{kind.lower()}.gguf")
+    stamp = out + ".stamp"
+    key = open(f32_gguf + ".stamp").read() + kind
+    if os.path.isfile(out) and os.path.isfile(stamp) and open(stamp).read() == key:
+        return out
+    run_logged([QUANTIZE, f32_gguf, out, kind], os.path.join(PEERS, "gguf-quantize.log"), f"llama-quantize {kind}",
+               env=dict(os.environ, LD_LIBRARY_PATH=LLAMACPP_LIB))
     with open(stamp, "w") as f:
         f.write(key)
     return out

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Weight formats: fp8 (fp8.py), int8 per channel, int4 group-wise with zero points (AWQ / GPTQ style) or
+# symmetric (quant.py).
+QUANTIZATIONS = ("none", "fp8", "int8", "int4", "int4_sym")
+
 
 @dataclass
 class EngineConfig:
@@ -30,7 +34,8 @@ class EngineConfig:
     dtype: str = "auto"                  # auto | float32 | bfloat16 | float16
     num_threads: int = 0                 # torch intra-op threads on CPU; 0 keeps torch's default
     tokenizer_dir: str | None = None     # for guided decoding; defaults to the checkpoint directory
-    quantization: str = "none"           # none | fp8 (weights: float8_e4m3fn, per-channel scales)
+    quantization: str = "none"           # none | fp8 | int8 | int4 | int4_sym (weights; see quant.py, fp8.py)
+    quant_group_size: int = 32           # int4: weights per scale / zero point along the input (32 | 64 | 128)
     fp8_matmul: str = "auto"             # auto (scaled FP8 on SM >= 8.9, else dequant) | scaled | dequant
     kv_cache_dtype: str = "auto"         # auto (= compute dtype) | fp8
     cpu_kernels: str = "auto"            # auto (native AVX2 kernels for fp32 on CPU) | native | torch
@@ -45,8 +50,10 @@ class EngineConfig:
             raise ValueError("max_num_sequences must be >= 1")
         if self.max_queue_size < 0:
             raise ValueError("max_queue_size must be >= 0")
-        if self.quantization not in ("none", "fp8"):
-            raise ValueError(f"quantization must be none or fp8, got {self.quantization!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.quant_group_size not in (32, 64, 128):
+            raise ValueError(f"quant_group_size must be 32, 64 or 128, got {self.quant_group_size}")
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
         if self.cpu_kernels not in ("auto", "native", "torch"):

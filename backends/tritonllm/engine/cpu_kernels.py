@@ -34,7 +34,7 @@ MODES = ("auto", "native", "torch")
 STALE_LOCK_S = 600  # a build takes ~60 s; a lock this old belongs to a killed build
 MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_kernels: 0.9x at M = 128)
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp")]
+SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp", "qgemm_cpu.cpp")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
 
 
@@ -52,14 +52,39 @@ def load():
         return None
     try:
         from torch.utils.cpp_extension import load as build
-        if shutil.which("ninja") is None:  # the `ninja` wheel's binary, when the venv's bin is not on PATH
-            import ninja
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        return build("tritonllm_cpu_kernels", [str(s) for s in SOURCES], extra_cflags=CFLAGS,
-                     extra_ldflags=["-fopenmp"], build_directory=str(_build_dir()))
+
+        path = os.environ.get("PATH", "")
+        os.environ["PATH"] = _ninja_dir() + os.pathsep + path
+        try:
+            return build("tritonllm_cpu_kernels", [str(s) for s in SOURCES], extra_cflags=CFLAGS,
+                         extra_ldflags=["-fopenmp"], build_directory=str(_build_dir()))
+        finally:
+            os.environ["PATH"] = path
     except Exception as e:  # no compiler, no ninja, no headers: serve with torch's kernels instead
         log.warning("native CPU kernels could not be built (%s); using torch's", e)
         return None
+
+
+def _ninja_dir() -> str:
+    """The folder of the `ninja` wheel's binary, put first on PATH while building. Every process must run
+    the same ninja on the shared build folder: ninja 1.11 (Debian's) and 1.13 (the wheel's) hash command
+    lines differently, so each finds the other's objects dirty and rebuilds everything (seen: Dynamo
+    workers, whose venv reaches the wheel through a .pth line and whose PATH lacks the venv's bin, recompiled
+    the kernels each time a tritonserver stub had loaded them). The wheel's `BIN_DIR` is empty in such a
+    layered venv, so the binary is also looked up beside the site-packages the module came from."""
+    try:
+        import ninja
+    except ImportError:
+        ninja = None
+    if ninja is not None:
+        prefix_bin = Path(ninja.__file__).resolve().parents[4] / "bin"  # <prefix>/lib/pythonX.Y/site-packages/ninja
+        for folder in (ninja.BIN_DIR, str(prefix_bin)):
+            if folder and os.access(os.path.join(folder, "ninja"), os.X_OK):
+                return folder
+    found = shutil.which("ninja")
+    if found is None:
+        raise RuntimeError("no ninja: install the `ninja` wheel")
+    return os.path.dirname(found)
 
 
 def _build_dir() -> Path:
@@ -99,13 +124,18 @@ def select(mode: str, device: torch.device, dtype: torch.dtype):
     return ext
 
 
+def native_rows(x: torch.Tensor) -> bool:
+    """x is what the native few-row kernels take (fp32 on CPU, 2-D, at most MAX_ROWS rows)."""
+    return x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] <= MAX_ROWS
+
+
 def make_linear(ext) -> Callable:
     """linear(x, w, b): the native kernel for few-row fp32 matmuls when `ext` is given, else torch's."""
     if ext is None:
         return torch_linear
 
     def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-        if isinstance(w, torch.Tensor) and x.dim() == 2 and x.shape[0] <= MAX_ROWS:
+        if isinstance(w, torch.Tensor) and native_rows(x):
             return ext.linear(x.contiguous(), w, b)
         return torch_linear(x, w, b)
 

@@ -43,7 +43,9 @@ class LLMEngine:
         self.model = model or load_model(model_dir, self.config.device, self.config.dtype,
                                          fp8_weights=self.config.quantization == "fp8",
                                          fp8_matmul=self.config.fp8_matmul,
-                                         cpu_kernels=self.config.cpu_kernels)
+                                         cpu_kernels=self.config.cpu_kernels,
+                                         quantization=self.config.quantization,
+                                         quant_group_size=self.config.quant_group_size)
         spec = self.model.spec
         self.spec = spec
         self.lora = LoraSet.load(self.config.lora_adapters, spec, self.model.device, self.model.dtype)

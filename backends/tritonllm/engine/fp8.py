@@ -1,8 +1,11 @@
 """FP8 (float8_e4m3fn) weights and KV cache.
 
-Weights: per-output-channel scales (scale = amax of the row / 448), stored as FP8. Two matmuls:
+Weights: per-output-channel scales (scale = amax of the row / 448), stored as FP8. Three matmuls:
+- native (fp32 CPU with the native kernels, few rows): ``csrc/qgemm_cpu.cpp`` reads the FP8 bytes and
+  converts them in registers (a 256-entry table), fp32 multiply-adds: the dequant matmul's result without
+  expanding the weight (dequantizing every weight at every decode step made FP8 18x slower than fp32);
 - ``dequant``: the weight is expanded to the compute dtype inside the matmul (a memory saving, not a
-  speed-up; the default on CPU and on GPUs without FP8 tensor cores);
+  speed-up; GPUs without FP8 tensor cores, prefill-sized inputs on CPU);
 - ``scaled``: activations are quantized per token (row) to FP8 on the fly and ``torch._scaled_mm`` multiplies
   FP8 x FP8 with row-wise scales (FP8 tensor cores on Hopper / Ada, SM >= 8.9: the default there). It runs
   on CPU too (torch has a reference kernel), which is how its numerics are tested here. If the kernel
@@ -13,6 +16,7 @@ torch's CPU index_copy_ / index_select have no float8 kernels; reads convert bac
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -24,11 +28,18 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 
 
+@functools.lru_cache(maxsize=1)
+def fp8_table() -> torch.Tensor:
+    """The 256 float8_e4m3fn codes as fp32, for the native kernel's in-register conversion."""
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8).float().contiguous()
+
+
 class FP8Weight:
     """A [out, in] weight as FP8 codes plus one fp32 scale per output row."""
 
-    def __init__(self, w: torch.Tensor, scaled_mm: bool = False) -> None:
+    def __init__(self, w: torch.Tensor, scaled_mm: bool = False, native=None) -> None:
         w = w.float()
+        self.native = native
         self.scale = (w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX).contiguous()
         self.q = (w / self.scale[:, None]).to(FP8)
         self.shape = tuple(w.shape)
@@ -36,6 +47,10 @@ class FP8Weight:
         self._scale_b = self.scale[None, :]      # [1, out]: row-wise scale of W^T's columns
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        from .cpu_kernels import native_rows  # lazily: cpu_kernels imports this module
+
+        if self.native is not None and native_rows(x):
+            return self.native.linear_f8(x.contiguous(), self.q.view(torch.uint8), self.scale, fp8_table(), b)
         if self.scaled_mm and x.dim() == 2:
             try:
                 return scaled_linear(x, self, b)

@@ -66,7 +66,8 @@ def load_weights(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
-               fp8_weights: bool = False, fp8_matmul: str = "auto", cpu_kernels: str = "auto") -> Transformer:
+               fp8_weights: bool = False, fp8_matmul: str = "auto", cpu_kernels: str = "auto",
+               quantization: str = "none", quant_group_size: int = 32) -> Transformer:
     spec = load_spec(model_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, spec, dev)
@@ -76,7 +77,7 @@ def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
         raise ValueError(f"{model_dir}: safetensors lack {missing}")
     try:
         model = Transformer(spec, weights, dev, dt, fp8_weights=fp8_weights, fp8_matmul=fp8_matmul,
-                            cpu_kernels=cpu_kernels)
+                            cpu_kernels=cpu_kernels, quantization=quantization, quant_group_size=quant_group_size)
     except KeyError as e:
         raise ValueError(f"{model_dir}: missing weight {e.args[0]}") from e
     scales = [float(weights[k]) for k in weights if k.endswith(("self_attn.k_scale", "self_attn.v_scale"))]

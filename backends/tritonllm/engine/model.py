@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from . import cpu_kernels as native_kernels
 from .fp8 import FP8Weight, load, store, wants_scaled_mm
+from .quant import quantize
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet
 
@@ -80,7 +81,7 @@ class Transformer:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device,
                  dtype: torch.dtype, fp8_weights: bool = False, fp8_matmul: str = "auto",
-                 cpu_kernels: str = "auto") -> None:
+                 cpu_kernels: str = "auto", quantization: str = "none", quant_group_size: int = 32) -> None:
         self.spec = spec
         self.kv_scale = 1.0
         self.device = device
@@ -98,7 +99,15 @@ class Transformer:
             self.layers.append(Layer({k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}, spec))
             if fp8_weights:
                 for name in ("qkv", "o", "gate_up", "down"):
-                    setattr(self.layers[-1], name, FP8Weight(getattr(self.layers[-1], name), scaled))
+                    setattr(self.layers[-1], name, FP8Weight(getattr(self.layers[-1], name), scaled,
+                                                             None if scaled else self.native))
+            elif quantization in ("int8", "int4", "int4_sym"):
+                mode, sym = quantization[:4], quantization.endswith("_sym")
+                for name in ("qkv", "o", "gate_up", "down"):
+                    setattr(self.layers[-1], name, quantize(getattr(self.layers[-1], name), mode,
+                                                            quant_group_size, sym, self.native))
+        if quantization in ("int8", "int4", "int4_sym"):  # the LM head in int8: the largest matrix of small models
+            self.lm_head = quantize(self.lm_head, "int8", native=self.native)
         inv_freq, self.rope_scale = rope_inv_freq(spec, device)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         self.q_size = spec.num_heads * spec.head_dim

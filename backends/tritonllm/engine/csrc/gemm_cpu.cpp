@@ -91,10 +91,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
 
 void register_attention(pybind11::module& m);    // attention_cpu.cpp
 void register_elementwise(pybind11::module& m);  // elementwise_cpu.cpp
+void register_qgemm(pybind11::module& m);        // qgemm_cpu.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_attention(m);
   register_elementwise(m);
+  register_qgemm(m);
   m.def("linear", &linear, "y = x W^T (+ b), fp32, AVX2 + FMA", pybind11::arg("x"), pybind11::arg("w"),
         pybind11::arg("b") = pybind11::none());
 }
