@@ -100,3 +100,14 @@ def test_runner_call_runs_on_the_engine_thread_in_order(ckpt):
     finally:
         runner.shutdown()
     assert seen and seen[-1].finished
+
+
+def test_an_int8_kv_cache_moves_with_its_scales(ckpt):
+    prefill, decode, alone = (_engine(ckpt, kv_cache_dtype="int8") for _ in range(3))
+    _finish(prefill, "p", PROMPT, 1)
+    kv = export_prefix(prefill.pool, prefill.kv, PROMPT)
+    assert kv.data.dtype == torch.int8 and kv.data.shape[-1] == prefill.spec.head_dim + 4
+    assert import_prefix(decode.pool, decode.kv, PROMPT, kv) == 3
+    assert _finish(decode, "d", PROMPT, 6) == _finish(alone, "a", PROMPT, 6)
+    with pytest.raises(ValueError, match="does not match"):  # an fp32 engine refuses int8 KV
+        import_prefix(_engine(ckpt).pool, _engine(ckpt).kv, PROMPT, kv)

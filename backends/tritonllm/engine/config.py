@@ -37,7 +37,7 @@ class EngineConfig:
     quantization: str = "none"           # none | fp8 | int8 | int4 | int4_sym (weights; see quant.py, fp8.py)
     quant_group_size: int = 32           # int4: weights per scale / zero point along the input (32 | 64 | 128)
     fp8_matmul: str = "auto"             # auto (scaled FP8 on SM >= 8.9, else dequant) | scaled | dequant
-    kv_cache_dtype: str = "auto"         # auto (= compute dtype) | fp8
+    kv_cache_dtype: str = "auto"         # auto (= compute dtype) | fp8 | int8 (per token and head scales)
     cpu_kernels: str = "auto"            # auto (native AVX2 kernels for fp32 on CPU) | native | torch
     lora_adapters: dict[int, str] = field(default_factory=dict)  # lora_task_id -> PEFT adapter folder
 
@@ -54,8 +54,8 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.quant_group_size not in (32, 64, 128):
             raise ValueError(f"quant_group_size must be 32, 64 or 128, got {self.quant_group_size}")
-        if self.kv_cache_dtype not in ("auto", "fp8"):
-            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8", "int8"):
+            raise ValueError(f"kv_cache_dtype must be auto, fp8 or int8, got {self.kv_cache_dtype!r}")
         if self.cpu_kernels not in ("auto", "native", "torch"):
             raise ValueError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
         if not 0.0 < self.kv_mem_fraction <= 1.0:

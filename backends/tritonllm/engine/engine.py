@@ -12,7 +12,7 @@ import time
 import torch
 
 from .config import EngineConfig
-from .kv_cache import BlockPool, KVCache
+from .kv_cache import BlockPool, KVCache, kv_layout
 from .loader import load_model
 from .lora import LoraSet
 from .batch_layout import attention_meta
@@ -53,9 +53,8 @@ class LLMEngine:
                                spec.max_position_embeddings)
         self.max_input_len = min(self.config.max_input_len or self.max_seq_len, self.max_seq_len)
         bs = self.config.block_size
-        kv_dtype = torch.uint8 if self.config.kv_cache_dtype == "fp8" else self.model.dtype  # fp8 bits
-        self.kv_bytes_per_token = KVCache.bytes_per_token(spec.num_layers, spec.num_kv_heads,
-                                                          spec.head_dim, kv_dtype)
+        kv_dtype, kv_width = kv_layout(self.config.kv_cache_dtype, self.model.dtype, spec.head_dim)
+        self.kv_bytes_per_token = KVCache.bytes_per_token(spec.num_layers, spec.num_kv_heads, kv_width, kv_dtype)
         if self.config.max_kv_tokens:
             tokens = self.config.max_kv_tokens
         else:
@@ -63,8 +62,8 @@ class LLMEngine:
             tokens = min(budget // self.kv_bytes_per_token, self.config.max_num_seqs * self.max_seq_len)
         num_blocks = max(tokens // bs, 1)
         self.pool = BlockPool(num_blocks)
-        self.kv = KVCache(spec.num_layers, num_blocks, bs, spec.num_kv_heads, spec.head_dim,
-                          kv_dtype, self.model.device)
+        self.kv = KVCache(spec.num_layers, num_blocks, bs, spec.num_kv_heads, kv_width, kv_dtype,
+                          self.model.device)
         self.scheduler = Scheduler(self.config, self.pool)
         self.drafter = None
         if self.config.draft_model_path and self.config.max_draft_len:

@@ -115,8 +115,21 @@ class BlockPool:
                 self.listener(("stored", h, parent, tuple(tokens or ())))
 
 
+def kv_layout(kv_cache_dtype: str, dtype: torch.dtype, head_dim: int) -> tuple[torch.dtype, int]:
+    """(storage dtype, row width) of one head's K or V in the cache: ``auto`` the compute dtype; ``fp8``
+    float8_e4m3fn bits in uint8 (torch's CPU index_copy_ has no float8 kernel); ``int8`` codes of the row
+    scaled by its own amax / 127, the fp32 scale in 4 more bytes of the row (per token and head: no
+    calibration, and one outlier token costs only its own precision)."""
+    if kv_cache_dtype == "fp8":
+        return torch.uint8, head_dim
+    if kv_cache_dtype == "int8":
+        return torch.int8, head_dim + 4
+    return dtype, head_dim
+
+
 class KVCache:
-    """Per-layer K and V tensors of shape [num_blocks * block_size, kv_heads, head_dim] (flat slots)."""
+    """Per-layer K and V tensors of shape [num_blocks * block_size, kv_heads, row width] (flat slots; the
+    row width is head_dim, or more for a layout that keeps scales in the row: ``kv_layout``)."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:

@@ -214,9 +214,10 @@ class Transformer:
             b, kmax = meta.decode_gather.shape
             flat = meta.decode_gather.reshape(-1)
             qd = q.index_select(0, meta.decode_rows).unsqueeze(2)          # [B, H, 1, D]
-            shape = (b, kmax, *k_cache.shape[1:])
-            kd = load(k_cache, flat, q.dtype, self.kv_scale).view(shape).permute(0, 2, 1, 3)
-            vd = load(v_cache, flat, q.dtype, self.kv_scale).view(shape).permute(0, 2, 1, 3)
+            kd = load(k_cache, flat, q.dtype, self.kv_scale)
+            vd = load(v_cache, flat, q.dtype, self.kv_scale)
+            kd = kd.view(b, kmax, *kd.shape[1:]).permute(0, 2, 1, 3)     # [B, KVH, kmax, D]
+            vd = vd.view(b, kmax, *vd.shape[1:]).permute(0, 2, 1, 3)
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
                                                 scale=self.scale, enable_gqa=True)
             out.index_copy_(0, meta.decode_rows, od.squeeze(2))
