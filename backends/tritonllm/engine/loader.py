@@ -9,6 +9,7 @@ import torch
 
 from .hf_config import ModelSpec, load_spec
 from .model import Transformer
+from .quant_formats import load_prequantized
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,6 +66,12 @@ def load_weights(model_dir: str) -> dict[str, torch.Tensor]:
     return weights
 
 
+def checkpoint_quantization(model_dir: str) -> dict | None:
+    """config.json's quantization_config (AWQ / GPTQ checkpoints), or None for a float checkpoint."""
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        return json.load(f).get("quantization_config")
+
+
 def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
                fp8_weights: bool = False, fp8_matmul: str = "auto", cpu_kernels: str = "auto",
                quantization: str = "none", quant_group_size: int = 32) -> Transformer:
@@ -72,6 +79,13 @@ def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, spec, dev)
     weights = load_weights(model_dir)
+    qcfg = checkpoint_quantization(model_dir)
+    if qcfg is not None:
+        if quantization not in ("none", "int4"):
+            raise ValueError(f"{model_dir} is a {qcfg.get('quant_method')} int4 checkpoint: quantization must be "
+                             f"none or int4 (it is {quantization!r})")
+        weights = load_prequantized(weights, qcfg)
+        quantization = "int4"  # the checkpoint's codes are kept; the LM head goes to int8 as for int4
     missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in weights]
     if missing:
         raise ValueError(f"{model_dir}: safetensors lack {missing}")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import cpu_kernels as native_kernels
 from .fp8 import FP8Weight, load, store, wants_scaled_mm
-from .quant import quantize
+from .quant import Int4Weight, quantize
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet
 
@@ -54,12 +54,20 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _fuse(parts: list):
+    """Rows of projections over one input: float tensors, or a checkpoint's Int4Weights (AWQ / GPTQ)."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts, 0).contiguous()
+    if all(isinstance(p, Int4Weight) for p in parts):
+        return Int4Weight.cat(parts)
+    raise ValueError("a fused projection mixes quantized and float weights")
+
+
 class Layer:
     def __init__(self, w: dict[str, torch.Tensor], spec: ModelSpec) -> None:
         self.ln1 = w["input_layernorm.weight"]
         self.ln2 = w["post_attention_layernorm.weight"]
-        self.qkv = torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
-                              w["self_attn.v_proj.weight"]], 0).contiguous()
+        self.qkv = _fuse([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"], w["self_attn.v_proj.weight"]])
         self.qkv_b = None
         if spec.attention_bias:
             self.qkv_b = torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"],
@@ -68,7 +76,7 @@ class Layer:
         self.o_b = w.get("self_attn.o_proj.bias")
         self.q_norm = w.get("self_attn.q_norm.weight")
         self.k_norm = w.get("self_attn.k_norm.weight")
-        self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]], 0).contiguous()
+        self.gate_up = _fuse([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
         self.gate_up_b = None
         if spec.mlp_bias:
             self.gate_up_b = torch.cat([w["mlp.gate_proj.bias"], w["mlp.up_proj.bias"]], 0)
@@ -86,7 +94,8 @@ class Transformer:
         self.kv_scale = 1.0
         self.device = device
         self.dtype = dtype
-        w = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in weights.items()}
+        w = {k: v.to(device=device, dtype=dtype).contiguous() if isinstance(v, torch.Tensor) else v.to(device)
+             for k, v in weights.items()}
         self.native = native_kernels.select(cpu_kernels, device, dtype)
         self.linear = native_kernels.make_linear(self.native)
         self.embed = w["model.embed_tokens.weight"]
@@ -104,8 +113,11 @@ class Transformer:
             elif quantization in ("int8", "int4", "int4_sym"):
                 mode, sym = quantization[:4], quantization.endswith("_sym")
                 for name in ("qkv", "o", "gate_up", "down"):
-                    setattr(self.layers[-1], name, quantize(getattr(self.layers[-1], name), mode,
-                                                            quant_group_size, sym, self.native))
+                    weight = getattr(self.layers[-1], name)
+                    if isinstance(weight, torch.Tensor):
+                        setattr(self.layers[-1], name, quantize(weight, mode, quant_group_size, sym, self.native))
+                    else:  # a checkpoint's own int4 codes (AWQ / GPTQ): Int4Weight or RowStack
+                        weight.native = self.native
         if quantization in ("int8", "int4", "int4_sym"):  # the LM head in int8: the largest matrix of small models
             self.lm_head = quantize(self.lm_head, "int8", native=self.native)
         inv_freq, self.rope_scale = rope_inv_freq(spec, device)

@@ -54,7 +54,6 @@ class Int4Weight:
         n, k = w.shape
         if k % group_size:
             raise ValueError(f"int4 needs the input size ({k}) to be a multiple of quant_group_size ({group_size})")
-        self.shape, self.group_size, self.symmetric = (n, k), group_size, symmetric
         g = w.reshape(n, k // group_size, group_size)
         if symmetric:
             d = g.abs().amax(dim=2).clamp(min=1e-12) / 7.0
@@ -64,32 +63,109 @@ class Int4Weight:
             d = ((hi - lo) / 15.0).clamp(min=1e-12)
             z = torch.round(-lo / d).clamp(0, 15)
         q = torch.round(g / d[..., None] + z[..., None]).clamp(0, 15).to(torch.uint8).reshape(n, k)
+        self._set(q, d, z, group_size, symmetric, native)
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, d: torch.Tensor, z: torch.Tensor, group_size: int,
+                   perm: torch.Tensor | None = None, native=None) -> "Int4Weight":
+        """A checkpoint's own codes [N, K] (0..15), scales and zero points [N, K / group_size]: weight =
+        d * (codes - z). ``perm``: the input order the codes are stored in (GPTQ act-order), so that
+        x[:, perm] @ W^T is the product; groups are contiguous in that order."""
+        n, k = codes.shape
+        if group_size % QK or k % group_size:
+            raise ValueError(f"int4 groups of {group_size} over {k} inputs: need a multiple of 32 dividing the input size")
+        self = cls.__new__(cls)
+        self._set(codes.to(torch.uint8), d.float(), z.float(), group_size, False, native)
+        self.perm = None if perm is None else perm.to(torch.long).contiguous()
+        return self
+
+    def _set(self, q, d, z, group_size, symmetric, native) -> None:
+        n, k = q.shape
+        self.shape, self.group_size, self.symmetric, self.native, self.perm = (n, k), group_size, symmetric, native, None
         rep = group_size // QK
         self.d = d.repeat_interleave(rep, dim=1).contiguous()                  # [N, K / 32]
         self.m = (-d * z).repeat_interleave(rep, dim=1).contiguous()
         blocks = q.reshape(n, k // QK, QK)
         self.q = (blocks[..., :QK // 2] | (blocks[..., QK // 2:] << 4)).reshape(n, k // 2).contiguous()
-        self.native = native
+
+    @classmethod
+    def cat(cls, parts: list["Int4Weight"]):
+        """Rows of several weights over the same input (fused q/k/v, gate/up): one Int4Weight, or, when the
+        parts store their inputs in different orders (GPTQ act order per projection), a RowStack of them."""
+        first = parts[0]
+        if any(p.shape[1] != first.shape[1] or p.group_size != first.group_size for p in parts):
+            raise ValueError("fused int4 weights need the same input size and group size")
+        same_perm = all((p.perm is None and first.perm is None) or
+                        (p.perm is not None and first.perm is not None and torch.equal(p.perm, first.perm))
+                        for p in parts)
+        if not same_perm:
+            return RowStack(parts)
+        self = cls.__new__(cls)
+        self.shape = (sum(p.shape[0] for p in parts), first.shape[1])
+        self.group_size, self.symmetric, self.native, self.perm = first.group_size, first.symmetric, first.native, first.perm
+        self.d = torch.cat([p.d for p in parts]).contiguous()
+        self.m = torch.cat([p.m for p in parts]).contiguous()
+        self.q = torch.cat([p.q for p in parts]).contiguous()
+        return self
+
+    def to(self, device: torch.device) -> "Int4Weight":
+        for name in ("q", "d", "m"):
+            setattr(self, name, getattr(self, name).to(device))
+        self.perm = None if self.perm is None else self.perm.to(device)
+        return self
 
     def codes(self) -> torch.Tensor:
-        """The unpacked codes [N, K] (0..15)."""
+        """The unpacked codes [N, K] (0..15), in the stored input order."""
         n, k = self.shape
         b = self.q.reshape(n, k // QK, QK // 2)
         return torch.cat((b & 0x0F, b >> 4), dim=2).reshape(n, k)
 
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight [N, K] in the model's input order."""
         n, k = self.shape
         q = self.codes().float().reshape(n, k // QK, QK)
-        return (q * self.d[..., None] + self.m[..., None]).reshape(n, k).to(dtype)
+        w = (q * self.d[..., None] + self.m[..., None]).reshape(n, k)
+        if self.perm is not None:
+            w = torch.empty_like(w).index_copy_(1, self.perm, w)
+        return w.to(dtype)
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.native is not None and native_rows(x):
-            return self.native.linear_q4(x.contiguous(), self.q, self.d, self.m, b)
+            xs = x if self.perm is None else x.index_select(1, self.perm)
+            return self.native.linear_q4(xs.contiguous(), self.q, self.d, self.m, b)
         return _torch_linear(x, self.dequant(x.dtype), b)
 
     @property
     def nbytes(self) -> int:
         return self.q.numel() + (self.d.numel() + self.m.numel()) * 4 // (self.group_size // QK)
+
+
+class RowStack:
+    """Weights over one input whose outputs are concatenated: y = [x W_1^T, x W_2^T, ...]."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+
+    @property
+    def native(self):
+        return self.parts[0].native
+
+    @native.setter
+    def native(self, ext) -> None:
+        for p in self.parts:
+            p.native = ext
+
+    def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        y = torch.cat([p.matmul(x, None) for p in self.parts], dim=1)
+        return y if b is None else y + b
+
+    def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.cat([p.dequant(dtype) for p in self.parts])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
 
 
 def quantize(w: torch.Tensor, mode: str, group_size: int = 32, symmetric: bool = False, native=None):
