@@ -185,3 +185,82 @@ def test_act_order_shared_by_fused_projections_runs_on_the_native_kernel(tmp_pat
     ref = x @ torch.cat([p.dequant() for p in parts]).t()
     y = fused.matmul(x, None)
     assert float((y - ref).abs().max()) <= 0.02 * float(ref.abs().max())   # int8 activations, as elsewhere
+
+
+def _compressed_tensors_checkpoint(src: str, dst: Path, symmetric: bool) -> tuple[str, dict]:
+    """A pack-quantized checkpoint written by compressed-tensors itself (its ModelCompressor packs and saves;
+    the round-to-nearest scales are set here, where llm-compressor's observers would calibrate them), and
+    the library's own fake-quantized (dequantized) weights of every projection."""
+    import transformers as tf
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 QuantizationStatus, apply_quantization_config)
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+
+    model = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=GROUP)
+    apply_quantization_config(model, QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)}, ignore=["lm_head"],
+        quantization_status=QuantizationStatus.INITIALIZED))
+    dequantized = {}
+    for name, mod in model.named_modules():
+        if not hasattr(mod, "weight_scale"):
+            continue
+        g = mod.weight.data.reshape(mod.weight.shape[0], -1, GROUP)
+        if symmetric:
+            s, zp = (g.abs().amax(2) / 7).clamp(min=1e-8), torch.zeros(g.shape[:2])
+        else:
+            lo, hi = g.amin(2).clamp(max=0), g.amax(2).clamp(min=0)
+            s = ((hi - lo) / 15).clamp(min=1e-8)
+            zp = torch.round(-lo / s).clamp(0, 15) - 8                     # signed domain, as the library's
+        mod.weight_scale.data = s.to(mod.weight_scale.dtype)
+        if hasattr(mod, "weight_zero_point"):
+            mod.weight_zero_point.data = zp.to(mod.weight_zero_point.dtype)
+        dequantized[f"{name}.weight"] = fake_quantize(mod.weight.data, mod.weight_scale.data,
+                                                     getattr(mod, "weight_zero_point", None), args)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(str(dst))
+    compressor.update_config(str(dst))
+    return str(dst), dequantized
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_compressed_tensors_pack_quantized_as_the_library_writes_and_dequantizes_it(ckpt, tmp_path, symmetric):
+    pytest.importorskip("compressed_tensors")
+    path, dequantized = _compressed_tensors_checkpoint(ckpt, tmp_path / "ct", symmetric)
+    cfg = json.loads((Path(path) / "config.json").read_text())["quantization_config"]
+    assert (cfg["quant_method"], cfg["format"]) == ("compressed-tensors", "pack-quantized")
+    weights = load_prequantized(load_file(str(Path(path) / "model.safetensors")), cfg)
+    for name, ref in dequantized.items():
+        assert torch.allclose(weights[name].dequant(), ref, atol=1e-6), name
+    # served as transformers serves the library's dequantized weights (and the engine's int8 LM head)
+    ref_dir = tmp_path / "ref"
+    shutil.copytree(ckpt, ref_dir)
+    tensors = load_file(str(ref_dir / "model.safetensors"))
+    tensors.update(dequantized)
+    tensors["lm_head.weight"] = Int8Weight(tensors["lm_head.weight"]).dequant()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(ref_dir / "model.safetensors"))
+    prompt = [5, 17, 33, 8, 90, 41, 7, 12, 150, 3]
+    eng = LLMEngine(path, EngineConfig(max_kv_tokens=256, cpu_kernels="torch"))
+    eng.add_request("r", prompt, SamplingParams(max_tokens=12, end_id=-1))
+    out = []
+    while eng.has_work():
+        for o in eng.step():
+            out += o.new_token_ids
+    assert out == hf_greedy(str(ref_dir), prompt, 12)
+
+
+def test_compressed_tensors_layouts_we_do_not_read_are_refused():
+    base = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}}}
+    for change, field in ((("format", "float-quantized"), "format"),
+                          (("num_bits", 8), "config_groups.g.weights.num_bits"),
+                          (("actorder", "group"), "config_groups.g.weights.actorder")):
+        cfg = json.loads(json.dumps(base))
+        if change[0] == "format":
+            cfg["format"] = change[1]
+        else:
+            cfg["config_groups"]["g"]["weights"][change[0]] = change[1]
+        with pytest.raises(ValueError, match=f"quantization_config.{field}"):
+            load_prequantized({}, cfg)

@@ -12,6 +12,12 @@ AutoGPTQ's ``QuantLinear.pack`` through their users' copies):
   ``g_idx`` int32 [in], the group of each input (``desc_act``: inputs in activation order, so groups are
   not contiguous: the weight is stored in the order that makes them so, and activations are permuted to
   match); weight = (q - z) * s.
+- compressed-tensors ``pack-quantized`` (``quant_method: compressed-tensors``, as llm-compressor writes it;
+  read from compressed_tensors 0.20.1 ``compressors/pack_quantized``): ``weight_packed`` int32 [out, in / 8],
+  element i at bits 4i of the row (word i // 8, nibble i % 8), stored as the signed code + 8;
+  ``weight_scale`` [out, in / group]; asymmetric: ``weight_zero_point`` int32 [out / 8, groups], packed the
+  same way along the output dimension; symmetric: zero point 0 (8 once offset); weight = (q - z) * s.
+  One weight-only int4 config group (strategy group or channel), no activation quantization, no g_idx.
 
 Anything else is refused with ValueError naming the field (``quantization_config.<field>``).
 """
@@ -36,11 +42,43 @@ def _nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
     return x.reshape(*packed.shape[:dim], packed.shape[dim] * 8, *packed.shape[dim + 1:])
 
 
+def _check_compressed_tensors(qcfg: dict) -> int:
+    if qcfg.get("format") != "pack-quantized":
+        raise ValueError(f"quantization_config.format {qcfg.get('format')!r} is not supported (pack-quantized)")
+    groups = qcfg.get("config_groups") or {}
+    if len(groups) != 1:
+        raise ValueError(f"quantization_config.config_groups: one group is supported, got {len(groups)}")
+    name, group = next(iter(groups.items()))
+    w = group.get("weights") or {}
+    where = f"quantization_config.config_groups.{name}"
+    for field, want in (("num_bits", 4), ("type", "int")):
+        if w.get(field) != want:
+            raise ValueError(f"{where}.weights.{field} {w.get(field)!r} is not supported ({want})")
+    if w.get("strategy") not in ("group", "channel"):
+        raise ValueError(f"{where}.weights.strategy {w.get('strategy')!r} is not supported (group, channel)")
+    if w.get("actorder"):
+        raise ValueError(f"{where}.weights.actorder {w.get('actorder')!r} is not supported (none)")
+    if group.get("input_activations") or group.get("output_activations"):
+        raise ValueError(f"{where}.input_activations: activation quantization is not supported (weight-only)")
+    return int(w["group_size"]) if w.get("strategy") == "group" else -1
+
+
+def ct_weight(packed, scale, zero_point, shape, group: int) -> Int4Weight:
+    out, k = (int(v) for v in shape)
+    codes = _nibbles(packed, -1)[:, :k]                                      # unsigned: signed code + 8
+    z = (_nibbles(zero_point, 0)[:out].float() if zero_point is not None
+         else torch.full(scale.shape, 8.0))
+    return Int4Weight.from_codes(codes.contiguous(), scale.float(), z, k if group == -1 else group)
+
+
 def _check(qcfg: dict) -> tuple[str, int]:
     method = str(qcfg.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        return method, _check_compressed_tensors(qcfg)
     if method not in ("awq", "gptq"):
         raise ValueError(f"quantization_config.quant_method {qcfg.get('quant_method')!r} is not supported "
-                         "(awq, gptq; or a float checkpoint and deployment.yaml `quantization`)")
+                         "(awq, gptq, compressed-tensors; or a float checkpoint and deployment.yaml "
+                         "`quantization`)")
     bits = qcfg.get("bits", qcfg.get("w_bit"))
     if bits != 4:
         raise ValueError(f"quantization_config.bits {bits!r} is not supported (4)")
@@ -91,6 +129,16 @@ def load_prequantized(weights: dict, qcfg: dict) -> dict:
     """Replaces every projection's packed tensors by one Int4Weight under ``<name>.weight``."""
     method, group = _check(qcfg)
     out = dict(weights)
+    if method == "compressed-tensors":
+        for name in [k[: -len(".weight_packed")] for k in weights if k.endswith(".weight_packed")]:
+            if name.rsplit(".", 1)[-1] not in PROJECTIONS:
+                raise ValueError(f"{name}: quantized module outside the attention / MLP projections is not supported")
+            if f"{name}.weight_g_idx" in out:
+                raise ValueError(f"{name}.weight_g_idx: activation-ordered compressed-tensors weights are not supported")
+            out[f"{name}.weight"] = ct_weight(out.pop(f"{name}.weight_packed"), out.pop(f"{name}.weight_scale"),
+                                              out.pop(f"{name}.weight_zero_point", None),
+                                              out.pop(f"{name}.weight_shape"), group)
+        return out
     for name in [k[: -len(".qweight")] for k in weights if k.endswith(".qweight")]:
         if name.rsplit(".", 1)[-1] not in PROJECTIONS:
             raise ValueError(f"{name}: quantized module outside the attention / MLP projections is not supported")
