@@ -22,6 +22,19 @@ from engine_helpers import hf_greedy, make_checkpoint
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
 GROUP = 32
+PROMPT = [5, 17, 33, 8, 90, 41, 7, 12, 150, 3]
+
+
+def _serve(path: str, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens of the engine on the dequantized float path (cpu_kernels torch); every block back."""
+    eng = LLMEngine(path, EngineConfig(max_kv_tokens=256, cpu_kernels="torch"))
+    eng.add_request("r", prompt, SamplingParams(max_tokens=n, end_id=-1))
+    out = []
+    while eng.has_work():
+        for o in eng.step():
+            out += o.new_token_ids
+    assert eng.pool.num_free == eng.pool.num_blocks
+    return out
 
 
 def _rtn(w: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -153,14 +166,7 @@ def ckpt(tmp_path_factory):
 @pytest.mark.parametrize("method,act_order", [("awq", False), ("gptq", True)])
 def test_engine_serves_the_checkpoint_as_hf_serves_its_dequantized_weights(ckpt, tmp_path, method, act_order):
     quant, ref = _write_quantized(ckpt, tmp_path, method, act_order)
-    prompt = [5, 17, 33, 8, 90, 41, 7, 12, 150, 3]
-    eng = LLMEngine(quant, EngineConfig(max_kv_tokens=256, cpu_kernels="torch"))
-    eng.add_request("r", prompt, SamplingParams(max_tokens=12, end_id=-1))
-    out = []
-    while eng.has_work():
-        for o in eng.step():
-            out += o.new_token_ids
-    assert out == hf_greedy(ref, prompt, 12)
+    assert _serve(quant, PROMPT, 12) == hf_greedy(ref, PROMPT, 12)
     with pytest.raises(ValueError, match="quantization must be none or int4"):
         LLMEngine(quant, EngineConfig(max_kv_tokens=256, quantization="int8"))
 
@@ -241,14 +247,7 @@ def test_compressed_tensors_pack_quantized_as_the_library_writes_and_dequantizes
     tensors.update(dequantized)
     tensors["lm_head.weight"] = Int8Weight(tensors["lm_head.weight"]).dequant()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(ref_dir / "model.safetensors"))
-    prompt = [5, 17, 33, 8, 90, 41, 7, 12, 150, 3]
-    eng = LLMEngine(path, EngineConfig(max_kv_tokens=256, cpu_kernels="torch"))
-    eng.add_request("r", prompt, SamplingParams(max_tokens=12, end_id=-1))
-    out = []
-    while eng.has_work():
-        for o in eng.step():
-            out += o.new_token_ids
-    assert out == hf_greedy(str(ref_dir), prompt, 12)
+    assert _serve(path, PROMPT, 12) == hf_greedy(str(ref_dir), PROMPT, 12)
 
 
 def test_compressed_tensors_layouts_we_do_not_read_are_refused():
