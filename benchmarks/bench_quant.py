@@ -114,8 +114,8 @@ def perplexity(mode: str, model_dir: Path, ids: list[int], args) -> float:
             for name, p in model.named_parameters():
                 if name.endswith("_proj.weight"):
                     p.copy_(dequantized(p, mode, args.group))
-                elif name == "lm_head.weight":  # the engine keeps the LM head in int8 for int modes
-                    p.copy_(FP8Weight(p).dequant(torch.float32) if mode == "fp8" else Int8Weight(p).dequant())
+                elif name == "lm_head.weight" and mode != "fp8":  # int modes: the engine's LM head is int8
+                    p.copy_(Int8Weight(p).dequant())
     nll, count, w = 0.0, 0, args.window
     with torch.no_grad():
         for start in range(0, min(len(ids) - 1, args.windows * w), w):

@@ -90,9 +90,9 @@ def test_runner_call_runs_on_the_engine_thread_in_order(ckpt):
     runner = EngineRunner(eng, seen.append).start()
     try:
         runner.submit("a", PROMPT, SamplingParams(max_tokens=1, end_id=-1))
-        fut = runner.call(lambda e: export_prefix(e.pool, e.kv, PROMPT).num_blocks)
-        # the add was applied before the call; the step that computes the prompt may not have run yet
-        assert fut.result(30) in (0, 3)
+        # commands apply in submission order before the next step: the request is in, not yet computed
+        fut = runner.call(lambda e: ("a" in e.requests, e.requests["a"].num_computed))
+        assert fut.result(30) == (True, 0)
         bad = runner.call(lambda e: 1 / 0)
         with pytest.raises(ZeroDivisionError):
             bad.result(30)

@@ -45,6 +45,7 @@ class KVHandoff:
         self.connector = None
         self.offered = self.imported_blocks = self.fetched = self.failed = 0
         self._held: set[asyncio.Task] = set()
+        self._reporter: asyncio.Task | None = None
 
     async def start(self) -> None:
         import dynamo.nixl_connect as nc
@@ -52,11 +53,27 @@ class KVHandoff:
         self.connector = nc.Connector()
         warm = await self.connector.create_readable(nc.Descriptor(torch.zeros(1)))  # creates the NIXL agent now
         del warm
+        self._reporter = asyncio.create_task(self._report())
+
+    def stop(self) -> None:
+        if self._reporter is not None:
+            self._reporter.cancel()
+
+    async def _report(self, every_s: float = 1.0) -> None:
+        """Logs the counters (`summary`) whenever they changed, at most once per `every_s`."""
+        said = ""
+        while True:
+            summary = self.summary()
+            if summary != said:
+                log.info("%s", summary)
+                said = summary
+            await asyncio.sleep(every_s)
 
     # ---- prefill side --------------------------------------------------------------------------------
-    async def offer(self, prefix: KVPrefix) -> dict:
-        """disaggregated_params for a finished prefill; an empty prefix (prompt within one block) has none."""
-        if prefix.num_blocks == 0:
+    async def offer(self, prefix: KVPrefix | None) -> dict:
+        """disaggregated_params for a finished prefill; no prefix, or an empty one (a prompt within one
+        block), has none."""
+        if prefix is None or prefix.num_blocks == 0:
             return {KEY: None}
         import dynamo.nixl_connect as nc
 

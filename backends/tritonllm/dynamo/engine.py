@@ -28,10 +28,7 @@ import logging
 import os
 import queue
 import threading
-import time
 from typing import Any
-
-import torch
 
 from ..engine.engine import LLMEngine as OurEngine
 from ..engine.kv_transfer import KVPrefix, export_prefix, import_prefix
@@ -128,6 +125,8 @@ class TritonLLMDynamoEngine:
 
     async def cleanup(self) -> None:
         self._stop.set()
+        if self.handoff is not None:
+            self.handoff.stop()
         if self.runner is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.runner.shutdown, 10.0)
         if self._thread is not None:
@@ -136,7 +135,7 @@ class TritonLLMDynamoEngine:
     # ---- requests ----------------------------------------------------------------------------
     def _on_output(self, out: RequestOutput) -> None:
         job = self._prefills.pop(out.request_id, None) if out.finished else None
-        if job is not None and out.error is None:  # on the engine thread: the blocks are still cached
+        if job is not None and out.error is None and out.finish_reason != "abort":  # engine thread: still cached
             self._exports[out.request_id] = export_prefix(self.engine.pool, self.engine.kv, job[0], job[1])
         q = self._streams.get(out.request_id)
         if q is not None and self._loop is not None:
@@ -190,8 +189,7 @@ class TritonLLMDynamoEngine:
                         chunk["completion_usage"]["prompt_tokens_details"] = {
                             "cached_tokens": min(cached, out.num_prompt_tokens)}
                     if self.mode == "prefill":
-                        chunk["disaggregated_params"] = await self.handoff.offer(
-                            self._exports.pop(rid, None) or KVPrefix([], torch.empty(0)))
+                        chunk["disaggregated_params"] = await self.handoff.offer(self._exports.pop(rid, None))
                     yield chunk
                     return
                 if chunk["token_ids"]:
@@ -238,13 +236,7 @@ class TritonLLMDynamoEngine:
         from dynamo.common.backend.publisher import ComponentSnapshot
 
         bs = self.engine.config.block_size
-        said, next_say = "", 0.0
         while not self._stop.is_set():
-            if self.handoff is not None and time.monotonic() >= next_say:
-                summary, next_say = self.handoff.summary(), time.monotonic() + 5.0
-                if summary != said:
-                    log.info("%s", summary)
-                    said = summary
             try:
                 event = self._events.get(timeout=0.1)
             except queue.Empty:
