@@ -105,14 +105,18 @@ def dequantized(w: torch.Tensor, mode: str, group: int) -> torch.Tensor:
     return quantize(w, mode[:4], group, mode.endswith("_sym")).dequant()
 
 
-def perplexity(mode: str, model_dir: Path, ids: list[int], args) -> float:
+def perplexity(mode: str, model_dir: Path, ids: list[int], args, replace: dict | None = None) -> float:
+    """``replace``: parameters to load as they are (a quantized checkpoint's dequantized projections and
+    scaled norms); the LM head then goes to int8 as the engine's does."""
     import transformers as tf
 
     model = tf.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    if mode != "none":
+    if mode != "none" or replace:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.endswith("_proj.weight"):
+                if replace and name in replace:
+                    p.copy_(replace[name])
+                if name.endswith("_proj.weight") and mode != "none":
                     p.copy_(dequantized(p, mode, args.group))
                 elif name == "lm_head.weight" and mode != "fp8":  # int modes: the engine's LM head is int8
                     p.copy_(Int8Weight(p).dequant())
@@ -125,6 +129,35 @@ def perplexity(mode: str, model_dir: Path, ids: list[int], args) -> float:
             nll -= float(lp[torch.arange(len(tgt)), tgt].sum())
             count += len(tgt)
     return math.exp(nll / count)
+
+
+def checkpoint_perplexity(qdir: Path, base: Path, ids: list[int], args) -> float:
+    """Perplexity of a quantized checkpoint: transformers on the weights our reader dequantizes from it."""
+    from tritonllm.engine.loader import checkpoint_quantization, load_weights
+    from tritonllm.engine.quant_formats import load_prequantized
+
+    weights = load_prequantized(load_weights(str(qdir)), checkpoint_quantization(str(qdir)))
+    tensors = {k: v.dequant() if hasattr(v, "dequant") else v for k, v in weights.items()}
+    return perplexity("none", base, ids, args, replace=tensors)
+
+
+def quantize_script_rows(demo: Path, ids: list[int], args) -> list[dict]:
+    """build_scripts/quantize.py on the demo model, RTN against AWQ at the same format (calibrated on the
+    demo corpus, which the held-out text is not part of): groups of 64 and one scale per channel."""
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for group in (64, -1):
+            for method in ("rtn", "awq"):
+                out = Path(tmp) / f"{method}{group}"
+                subprocess.run([sys.executable, str(ROOT / "build_scripts" / "quantize.py"), "--model", str(demo),
+                                "--out", str(out), "--method", method, "--group-size", str(group),
+                                "--calib-samples", "32", "--calib-len", "128"], check=True, stdout=subprocess.DEVNULL)
+                name = f"int4 {'ch' if group == -1 else f'g{group}'} {method} (quantize.py)"
+                rows.append({"mode": name, "perplexity": checkpoint_perplexity(out, demo, ids, args)})
+                log(f"{name}: perplexity {rows[-1]['perplexity']:.2f}")
+    return rows
 
 
 HELD_OUT_PACKAGES = ("jinja2", "urllib3", "requests", "packaging")
@@ -168,6 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--skip-quantize-script", action="store_true", help="no RTN / AWQ rows of build_scripts/quantize.py")
     ap.add_argument("--llamacpp", choices=("auto", "skip", "require"), default="auto")
     ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "quant"))
     args = ap.parse_args(argv)
@@ -183,6 +217,8 @@ def main(argv=None) -> int:
         row = speed(mode, bench_dir, args) if bench_dir else {"mode": mode}
         row["perplexity"] = perplexity(mode, demo, ids, args)
         rows.append(row)
+    if not args.skip_quantize_script:
+        rows += quantize_script_rows(demo, ids, args)
     if bench_dir and args.llamacpp != "skip":
         rows += llamacpp_rows(args, bench_dir, 32000)
     base = rows[0]

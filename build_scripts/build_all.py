@@ -4,7 +4,8 @@ Steps (each one is cached by its own script, so a second run only checks stamps)
   0. the native CPU kernels of the engine   python -m tritonllm.engine.cpu_kernels (torch's extension cache)
   1. the demo LLM checkpoint  build_scripts/build_demo_model.py --out build/models/demo
      (skipped when deployment.yaml points the LLM at another checkpoint), then its LoRA adapter
-     build_scripts/build_demo_lora.py (when tensorrt_llm's lora_adapters name build/models/demo-lora/python)
+     build_scripts/build_demo_lora.py (when tensorrt_llm's lora_adapters name build/models/demo-lora/python),
+     and its INT4 variant build_scripts/quantize.py --out build/models/demo-int4-awq (when profile int4 names it)
   2. the classical models     build_scripts/build_classical.py   (when present)
   3. the LLM configs          build_scripts/render_configs.py    (deployment.yaml -> config.pbtxt)
 
@@ -26,6 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "build_scripts"
 DEMO_DIR = Path("build/models/demo")
 DEMO_LORA_DIR = Path("build/models/demo-lora/python")
+DEMO_INT4_DIR = Path("build/models/demo-int4-awq")
+# The demo's INT4 variant (profile int4): AWQ calibrated on the demo corpus; 64 divides the demo's 256 and 704.
+DEMO_INT4_ARGS = ["--group-size", "64", "--calib-samples", "32", "--calib-len", "128"]
 
 
 def _uses_demo_model() -> bool:
@@ -40,6 +44,13 @@ def _uses_demo_lora() -> bool:
         models = (yaml.safe_load(f) or {}).get("models") or {}
     adapters = (((models.get("tensorrt_llm") or {}).get("parameters") or {}).get("lora_adapters")) or {}
     return any((REPO / str(p)).resolve() == (REPO / DEMO_LORA_DIR).resolve() for p in adapters.values())
+
+
+def _uses_demo_int4() -> bool:
+    with open(REPO / "deployment.yaml") as f:
+        int4 = ((yaml.safe_load(f) or {}).get("profiles") or {}).get("int4")
+    return int4 is not None and (REPO / str((int4 or {}).get("model", DEMO_INT4_DIR))).resolve() == \
+        (REPO / DEMO_INT4_DIR).resolve()
 
 
 def _run(index: int, total: int, title: str, argv: list[str]) -> None:
@@ -64,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         if _uses_demo_lora():
             steps.append(("demo LoRA adapter", ["build_scripts/build_demo_lora.py", "--base", str(DEMO_DIR),
                                                 "--out", str(DEMO_LORA_DIR)]))
+        if _uses_demo_int4():
+            steps.append(("demo INT4 (AWQ)", ["build_scripts/quantize.py", "--model", str(DEMO_DIR),
+                                              "--out", str(DEMO_INT4_DIR), *DEMO_INT4_ARGS]))
     if not args.skip_classical and (SCRIPTS / "build_classical.py").exists():
         steps.append(("classical models", ["build_scripts/build_classical.py"]))
     steps.append(("LLM configs", ["build_scripts/render_configs.py"]))

@@ -6,8 +6,9 @@ not run on the CPU machines of this project):
 1. ``python examples/quantization/quantize.py --model_dir HF --qformat Q --kv_cache_dtype K ...``
    (TensorRT-LLM's ModelOpt post-training quantization; writes a TensorRT-LLM checkpoint, one
    ``rank<N>.safetensors`` per rank of ``--tp_size x --pp_size``). ``Q`` is ``profiles.trtllm.qformat``:
-   ``fp8`` (default), ``int4_awq``, ``w4a8_awq`` or ``int8_sq``; ``K`` is ``fp8``, ``int8`` or ``auto``
-   (no flag: the model dtype).
+   ``fp8`` (default), ``int4_awq``, ``w4a8_awq``, ``int8_sq``, weight-only ``int8_wo`` / ``int4_wo``; ``K`` is
+   ``fp8``, ``int8`` or ``auto`` (no flag: the model dtype). ``checkpoint`` instead runs the LLaMA example's
+   ``convert_checkpoint.py --model_dir HF ...`` on a pre-quantized AutoAWQ / AutoGPTQ folder (W4A16_GPTQ; KV auto).
 2. ``trtllm-build --checkpoint_dir CKPT --output_dir ENGINE --gemm_plugin auto
    --use_paged_context_fmha enable --use_fp8_context_fmha enable|disable --max_batch_size ... --max_num_tokens ...``
    (tp / pp come from the checkpoint: trtllm-build has no tp/pp flags of its own), plus what the profile's
@@ -29,8 +30,9 @@ Invariants:
   so the engine is built with the limits the rendered GPU config assumes; flags override.
 - Before a real build: TensorRT-LLM >= ``MIN_TRTLLM_VERSION`` is installed, ``trtllm-build`` and the
   quantize script exist, and every visible GPU is SM >= 8.9 when the format computes in FP8 (``fp8``,
-  ``w4a8_awq``, an FP8 KV cache: Ada, Hopper, Blackwell), SM >= 8.0 otherwise (INT4 AWQ / INT8 SQ
-  kernels start at Ampere). FP8 context FMHA needs an FP8 KV cache and is documented by NVIDIA for
+  ``w4a8_awq``, an FP8 KV cache: Ada, Hopper, Blackwell), SM >= 8.0 otherwise (Ampere, NVIDIA's oldest listed
+  architecture: ``names.SUPPORT_MATRIX_MD``); the checkpoint folder fits the qformat
+  (``_quant_checkpoint.legacy_check``). FP8 context FMHA needs an FP8 KV cache and is documented by NVIDIA for
   Hopper (SM 9.0+): ``--fp8-context-fmha auto`` disables it elsewhere. Every failure is one clear
   message and exit code 2; nothing is half-built silently.
 - After a real build the engine folder holds ``config.json`` and one ``rank<N>.engine`` per rank.
@@ -51,6 +53,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [p for p in (str(REPO / "backends"), str(REPO / "build_scripts" / "profiles")) if p not in sys.path]
+import _quant_checkpoint as QC  # noqa: E402
 # 0.11 made `auto` the gemm_plugin default (older trtllm-build accepts only dtypes there) and already has
 # --max_seq_len / --max_num_tokens / --use_fp8_context_fmha.
 MIN_TRTLLM_VERSION = (0, 11, 0)
@@ -59,13 +63,17 @@ FP8_FMHA_MIN_SM = (9, 0)
 DEFAULT_ENGINE_DIR = "model_repository/tensorrt_llm/1"
 DEFAULT_QUANTIZE_SCRIPT = "/app/tensorrt_llm/examples/quantization/quantize.py"
 DEFAULT_XGRAMMAR_SCRIPT = "/app/tensorrt_llm/examples/generate_xgrammar_tokenizer_info.py"
+DEFAULT_CONVERT_SCRIPT = "/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py"  # LLAMA_CONVERT_PY
 # Read from NVIDIA/TensorRT-LLM (not run): quantize.py --qformat choices (line 67) and --kv_cache_dtype
 # (line 110) at c8c6df08bd0ead54cd47f7973e1e425c28a174cd; trtllm-build flags in tensorrt_llm/commands/build.py
 # at 65f1d1533 (--gather_*_logits 245-254, --lora_* 263-284, --speculative_decoding_mode 291, --max_draft_len
 # 299) and tensorrt_llm/plugin/plugin.py at c20322ff (--lora_plugin 153, --use_*_fmha 252-256).
 QUANTIZE_SOURCE = "examples/quantization/quantize.py@c8c6df08bd0ead54cd47f7973e1e425c28a174cd"
 BUILD_SOURCE = "tensorrt_llm/commands/build.py@65f1d1533, tensorrt_llm/plugin/plugin.py@c20322ff"
-QFORMATS = ("fp8", "int4_awq", "w4a8_awq", "int8_sq")  # of quantize.py's nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int8_wo int4_wo
+# of quantize.py's nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int8_wo int4_wo full_prec (names.fields("qformat"));
+# int8_wo / int4_wo export W8A16 / W4A16 (quantize_by_modelopt.py@042c510d)
+QUANTIZE_QFORMATS = ("fp8", "int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "int4_wo")
+QFORMATS = QUANTIZE_QFORMATS + ("checkpoint",)
 KV_CACHE_DTYPES = ("fp8", "int8", "auto")
 FP8_QFORMATS = ("fp8", "w4a8_awq")
 INT_MIN_SM = (8, 0)
@@ -103,6 +111,7 @@ class BuildPlan:
     max_draft_len: int = 0
     guided_decoding: bool = False
     xgrammar_script: str = DEFAULT_XGRAMMAR_SCRIPT
+    convert_script: str = DEFAULT_CONVERT_SCRIPT
 
     @property
     def needs_fp8(self) -> bool:
@@ -125,6 +134,9 @@ class BuildPlan:
             raise BuildError(f"qformat {self.qformat!r}: choose one of {', '.join(QFORMATS)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise BuildError(f"kv_cache_dtype {self.kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.qformat == "checkpoint" and self.kv_cache_dtype != "auto":
+            raise BuildError(f"kv_cache_dtype {self.kv_cache_dtype!r}: qformat checkpoint converts with the KV "
+                             "cache in the model dtype (auto)")
         if self.max_draft_len < 0 or (self.max_draft_len and self.gather_logits):
             raise BuildError("max_draft_len must be >= 0, and trtllm-build refuses it with --gather_context_logits")
         if self.lora and (self.max_lora_rank <= 0 or not self.lora_target_modules):
@@ -134,6 +146,10 @@ class BuildPlan:
 def plan_commands(plan: BuildPlan) -> list[list[str]]:
     """The argv of each step, in order (pure)."""
     plan.validate()
+    if plan.qformat == "checkpoint":  # convert_checkpoint.py reads the quantization from the HF config itself
+        return [[plan.python, plan.convert_script, "--model_dir", plan.checkpoint, "--output_dir", plan.quantized_dir,
+                 "--dtype", plan.dtype, "--tp_size", str(plan.tp_size), "--pp_size", str(plan.pp_size)],
+                *_build_and_after(plan)]
     quantize = [plan.python, plan.quantize_script,
                 "--model_dir", plan.checkpoint,
                 "--dtype", plan.dtype,
@@ -146,6 +162,10 @@ def plan_commands(plan: BuildPlan) -> list[list[str]]:
     quantize += ["--tp_size", str(plan.tp_size),
                  "--pp_size", str(plan.pp_size),
                  "--output_dir", plan.quantized_dir]
+    return [quantize] + _build_and_after(plan)
+
+
+def _build_and_after(plan: BuildPlan) -> list[list[str]]:
     # Paged context FMHA is what enable_kv_cache_reuse and enable_chunked_context need at serving time.
     build = ["trtllm-build",
              "--checkpoint_dir", plan.quantized_dir,
@@ -166,7 +186,7 @@ def plan_commands(plan: BuildPlan) -> list[list[str]]:
         build += ["--gather_context_logits", "--gather_generation_logits"]
     if plan.max_draft_len:
         build += ["--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", str(plan.max_draft_len)]
-    commands = [quantize, build]
+    commands = [build]
     if plan.guided_decoding:
         commands.append([plan.python, plan.xgrammar_script, "--model_dir", plan.checkpoint,
                          "--output_dir", plan.engine_dir])
@@ -250,14 +270,24 @@ def check_gpus(caps: list[tuple[int, int]], fp8: bool = True) -> None:
     too_old = sorted({c for c in caps if c < need})
     if too_old and fp8:
         raise BuildError(f"FP8 needs compute capability >= {sm(FP8_MIN_SM)} (Ada, Hopper, Blackwell); found "
-                         f"{', '.join(map(sm, too_old))} (e.g. A100 is SM 8.0). Use qformat int4_awq or "
-                         "int8_sq with kv_cache_dtype int8 there.")
+                         f"{', '.join(map(sm, too_old))} (e.g. A100 is SM 8.0). Use qformat int4_awq, "
+                         "int8_sq, int8_wo or int4_wo with kv_cache_dtype int8 or auto there.")
     if too_old:
-        raise BuildError(f"TensorRT-LLM's INT4 AWQ / INT8 SmoothQuant kernels need compute capability >= "
-                         f"{sm(INT_MIN_SM)}; found {', '.join(map(sm, too_old))}.")
+        raise BuildError(f"TensorRT-LLM's integer kernels (INT4 AWQ / GPTQ, INT8 SmoothQuant, INT8 / INT4 "
+                         f"weight-only) need compute capability >= {sm(INT_MIN_SM)}; found "
+                         f"{', '.join(map(sm, too_old))}.")
     if len(set(caps)) > 1:
         raise BuildError(f"mixed GPU architectures ({', '.join(map(sm, sorted(set(caps))))}): a TensorRT engine "
                          "runs only on the architecture it was built on; set CUDA_VISIBLE_DEVICES to one kind.")
+
+
+def check_checkpoint(checkpoint: Path, qformat: str) -> str | None:
+    """Refuse a folder that does not fit the qformat (``_quant_checkpoint.legacy_check``); a note on it."""
+    try:
+        q = QC.legacy_check(checkpoint, qformat)
+    except QC.CheckpointError as e:
+        raise BuildError(f"{checkpoint}: {e}") from None
+    return q and f"{checkpoint}: {q.note} -> {q.quant_algo} (group size {q.group_size})"
 
 
 def resolve_fp8_context_fmha(choice: str, caps: list[tuple[int, int]]) -> tuple[bool, str | None]:
@@ -309,7 +339,10 @@ def build_parser(llm: dict, s: dict) -> argparse.ArgumentParser:
                    help="HF dataset name or local folder for calibration (quantize.py default: cnn_dailymail)")
     p.add_argument("--fp8-context-fmha", default="auto", choices=["auto", "enable", "disable"])
     p.add_argument("--qformat", default=s.get("qformat", "fp8"), choices=QFORMATS,
-                   help="quantize.py --qformat (default: profiles.trtllm.qformat)")
+                   help="quantize.py --qformat, or checkpoint: convert a pre-quantized AWQ / GPTQ folder "
+                        "(default: profiles.trtllm.qformat)")
+    p.add_argument("--convert-script", default=os.environ.get("TRTLLM_CONVERT_SCRIPT", DEFAULT_CONVERT_SCRIPT),
+                   help="TensorRT-LLM's examples/models/core/llama/convert_checkpoint.py (qformat checkpoint only)")
     p.add_argument("--kv-cache-dtype", default=s.get("kv_cache_dtype", "fp8"), choices=KV_CACHE_DTYPES)
     p.add_argument("--xgrammar-script", default=os.environ.get("TRTLLM_XGRAMMAR_SCRIPT", DEFAULT_XGRAMMAR_SCRIPT),
                    help="TensorRT-LLM's examples/generate_xgrammar_tokenizer_info.py (guided_decoding only)")
@@ -353,10 +386,12 @@ def main(argv: list[str] | None = None) -> int:
             lora_target_modules=tuple(settings.get("lora_target_modules") or ("attn_q", "attn_k", "attn_v")),
             gather_logits=bool(settings.get("gather_logits", False)),
             max_draft_len=int(settings.get("max_draft_len", 0) or 0),
-            guided_decoding=bool(settings.get("guided_decoding", False)), xgrammar_script=args.xgrammar_script)
+            guided_decoding=bool(settings.get("guided_decoding", False)), xgrammar_script=args.xgrammar_script,
+            convert_script=args.convert_script)
         commands = plan_commands(plan)
-        if note:
-            print(f"# note: {note}", file=sys.stderr)
+        for line in (note, Path(plan.checkpoint).is_dir() and check_checkpoint(Path(plan.checkpoint), plan.qformat)):
+            if line:
+                print(f"# note: {line}", file=sys.stderr)
         if args.dry_run:
             for cmd in commands:
                 print(shlex.join(cmd))
@@ -373,9 +408,11 @@ def run_build(plan: BuildPlan, commands: list[list[str]]) -> None:
     if plan.guided_decoding and not Path(plan.xgrammar_script).is_file():
         raise BuildError(f"tokenizer-info script not found: {plan.xgrammar_script} (TensorRT-LLM's "
                          "examples/generate_xgrammar_tokenizer_info.py; pass --xgrammar-script)")
-    if not Path(plan.quantize_script).is_file():
-        raise BuildError(f"quantize script not found: {plan.quantize_script}. Clone TensorRT-LLM at the tag "
-                         "matching the installed version and pass --quantize-script (or TRTLLM_QUANTIZE_SCRIPT).")
+    name, script = (("convert", plan.convert_script) if plan.qformat == "checkpoint"
+                    else ("quantize", plan.quantize_script))
+    if not Path(script).is_file():
+        raise BuildError(f"{name} script not found: {script}. Clone TensorRT-LLM at the tag matching the "
+                         f"installed version and pass --{name}-script (or TRTLLM_{name.upper()}_SCRIPT).")
     if shutil.which("trtllm-build") is None:
         raise BuildError("trtllm-build is not on PATH (it comes with the tensorrt_llm package)")
     if not (Path(plan.checkpoint) / "config.json").is_file():

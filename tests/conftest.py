@@ -8,6 +8,7 @@
 - ``unary_server`` (session): the same repository served with ``--model-config-name unary`` (profile
   ``unary``: tensorrt_llm and tensorrt_llm_bls not decoupled, NVIDIA's ``decoupled_mode: false``), for
   plain ``infer()`` / ModelInfer / HTTP ``/infer`` clients; started on first use.
+- ``int4_server`` (module): profile ``int4`` (tensorrt_llm over the demo's INT4 AWQ checkpoint).
 - ``@pytest.mark.slow`` tests are skipped unless ``--run-slow`` is given.
 No mocks: the fixture is the server the README tells people to run.
 """
@@ -79,10 +80,20 @@ def triton_server(built_repository):
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def unary_server(built_repository):
-    server = _serve("unary", ["--model-config-name", "unary"])
+def _profile_server(profile: str):
+    server = _serve(profile, ["--model-config-name", profile])
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def unary_server(built_repository):
+    yield from _profile_server("unary")
+
+
+@pytest.fixture(scope="module")
+def int4_server(built_repository):
+    """Profile ``int4``: tensorrt_llm over the demo's AWQ variant (build/models/demo-int4-awq)."""
+    yield from _profile_server("int4")

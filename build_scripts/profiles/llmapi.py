@@ -17,10 +17,14 @@ Invariants:
   every key is in ``tritonllm.trtllm.names.TABLE`` (a test checks), deterministic (sorted keys).
 - The checkpoint is ``gpt_model_path`` (written relative to the model's directory, resolved and confined
   by the adapter) or ``hf_model_id`` (a Hugging Face Hub name, downloaded by TensorRT-LLM).
-- Quantization: FP8 weights come from the checkpoint (a ModelOpt pre-quantized one, e.g.
-  nvidia/Llama-3.1-8B-Instruct-FP8): the PyTorch backend's ``LLM(...)`` has no ``quant_config`` argument
-  (``TorchLlmArgs`` keeps it private, llm_args.py@0004396), so ``quantization`` accepts only ``checkpoint``.
-  FP8 KV cache is ``kv_cache_config.dtype: fp8``.
+- Quantization comes from the checkpoint: the PyTorch backend's ``LLM(...)`` has no ``quant_config`` argument
+  (``TorchLlmArgs`` keeps it private, llm_args.py@0004396; a QuantConfig reaching the loader is ignored,
+  llm_utils.py@0066b2a), so ``quantization`` accepts only ``checkpoint``. When ``model`` is a local folder,
+  rendering reads its hf_quant_config.json / config.json ``quantization_config`` as TensorRT-LLM's loaders do
+  (``_quant_checkpoint.llmapi_quant``) and refuses, naming the field, a format the PyTorch backend does not
+  load (AutoAWQ ``awq``, AutoGPTQ ``gptq``, ModelOpt SmoothQuant, weight-only compressed-tensors, ...). A folder
+  that is not there yet, or ``hf_model_id`` (never downloaded here), is not inspected; the rendered config
+  never depends on the folder's contents. FP8 KV cache is ``kv_cache_config.dtype: fp8``.
 - Settings are validated here; a bad one raises ``ProfileError`` (a ValueError) naming the key.
 """
 from __future__ import annotations
@@ -33,10 +37,13 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "backends") not in sys.path:
-    sys.path.insert(0, str(REPO / "backends"))
+for _p in (REPO / "backends", Path(__file__).resolve().parent):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 from tritonllm import contract as C  # noqa: E402
+
+import _quant_checkpoint as QC  # noqa: E402
 
 BACKEND = "trtllm_llmapi"
 MODEL_DIR = "model_repository/tensorrt_llm"  # render_configs.MODEL_DIRS[tensorrt_llm]
@@ -95,8 +102,8 @@ def settings_with_defaults(settings: dict) -> dict:
     if s["quantization"] not in QUANTIZATION:
         raise ProfileError(
             f"{where}.quantization = {s['quantization']!r}; allowed: {QUANTIZATION}. The LLM API's PyTorch backend "
-            "takes no quant_config argument: serve a pre-quantized checkpoint (ModelOpt FP8, e.g. "
-            "nvidia/Llama-3.1-8B-Instruct-FP8)")
+            "takes no quant_config argument: serve a pre-quantized checkpoint (ModelOpt hf_quant_config.json, "
+            "e.g. nvidia/Llama-3.1-8B-Instruct-FP8, or a quantization_config it reads; docs/quantization.md)")
     if not s["hf_model_id"] and not s["model"]:
         raise ProfileError(f"{where}: set model (a checkpoint folder) or hf_model_id (a Hugging Face Hub name)")
     if s["max_num_tokens"] > s["max_batch_size"] * s["max_seq_len"]:
@@ -105,6 +112,25 @@ def settings_with_defaults(settings: dict) -> dict:
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
         raise ProfileError(f"{where}.cost_per_instance_hour_usd = {cost!r}; must be a number >= 0")
     return s
+
+
+def model_folder(s: dict, repo: Path) -> Path | None:
+    """The local checkpoint folder (None with hf_model_id: a Hub name is TensorRT-LLM's to download)."""
+    if s["hf_model_id"]:
+        return None
+    model = Path(os.path.expanduser(str(s["model"])))
+    return model if model.is_absolute() else repo / model
+
+
+def checkpoint_quant(s: dict, repo: Path) -> QC.CheckpointQuant | None:
+    """The QuantAlgo TensorRT-LLM would load from the local folder; None when there is none to read."""
+    folder = model_folder(s, repo)
+    if folder is None or not any((folder / f).is_file() for f in ("config.json", "hf_quant_config.json")):
+        return None
+    try:
+        return QC.llmapi_quant(folder)
+    except QC.CheckpointError as e:
+        raise ProfileError(f"deployment.yaml: profiles.llmapi.model = {s['model']!r}: {e}") from None
 
 
 def llm_args(s: dict) -> dict:
@@ -155,4 +181,5 @@ def tensorrt_llm_config(default: mc.ModelConfig, s: dict, repo: Path) -> mc.Mode
 def render(deployment: dict, settings: dict, repo: Path, defaults: dict) -> dict[str, mc.ModelConfig]:
     """Model name -> config for the models this profile overrides (the renderer's profile hook)."""
     s = settings_with_defaults(settings)
+    checkpoint_quant(s, repo)  # refuses a checkpoint the PyTorch backend would not load; renders nothing
     return {C.TENSORRT_LLM: tensorrt_llm_config(defaults[C.TENSORRT_LLM], s, repo)}

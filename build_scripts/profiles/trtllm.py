@@ -29,6 +29,10 @@ Invariants:
   declares: a feature left off has its inputs and outputs removed from ``tensorrt_llm`` and from the
   ensemble (with every ensemble input no step consumes any more), so a request using it is refused by
   Triton naming the input instead of failing inside the engine.
+- ``qformat`` is a quantize.py ``--qformat`` (ModelOpt PTQ of a float checkpoint; ``int8_wo`` / ``int4_wo`` are
+  its weight-only W8A16 / W4A16) or ``checkpoint``: a pre-quantized LLaMA-family AutoAWQ / AutoGPTQ folder
+  converted by NVIDIA's convert_checkpoint.py (W4A16_GPTQ; KV cache in the model dtype). When
+  ``checkpoint_dir`` is a local folder, rendering checks it fits the qformat (``_quant_checkpoint``).
 - Settings are validated here; a bad one raises ``ProfileError`` (a ValueError) naming the key.
 """
 from __future__ import annotations
@@ -46,6 +50,7 @@ for _p in (REPO / "backends", Path(__file__).resolve().parent):
 
 from tritonllm import contract as C  # noqa: E402
 
+import _quant_checkpoint as QC  # noqa: E402
 from _tensorrtllm_params import BY_KEY, TEMPLATE_ONLY  # noqa: E402,F401  (BY_KEY: tests and docs)
 
 NON_NVIDIA_OUTPUTS = frozenset(t.name for t in C.TENSORRT_LLM_OUTPUTS if not t.nvidia)
@@ -81,7 +86,8 @@ FEATURES = {
     "max_draft_len": (("draft_input_ids",), ()),
     "guided_decoding": (("guided_decoding_guide_type", "guided_decoding_guide"), ()),
 }
-QFORMATS = ("fp8", "int4_awq", "w4a8_awq", "int8_sq")   # quantize.py --qformat values we build
+QUANTIZE_QFORMATS = ("fp8", "int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "int4_wo")  # quantize.py --qformat
+QFORMATS = QUANTIZE_QFORMATS + ("checkpoint",)           # checkpoint: pre-quantized AWQ / GPTQ, converted as is
 KV_CACHE_DTYPES = ("fp8", "int8", "auto")                # auto: the model dtype (no --kv_cache_dtype)
 XGRAMMAR_INFO_FILE = "xgrammar_tokenizer_info.json"      # NVIDIA's generate_xgrammar_tokenizer_info.py output
 POSITIVE_INTS = ("tp_size", "pp_size", "instance_count", "max_beam_width", "max_batch_size", "max_input_len",
@@ -121,6 +127,9 @@ def settings_with_defaults(settings: dict) -> dict:
         raise ProfileError(f"{where}.qformat = {s['qformat']!r}; allowed: {QFORMATS}")
     if s["kv_cache_dtype"] not in KV_CACHE_DTYPES:
         raise ProfileError(f"{where}.kv_cache_dtype = {s['kv_cache_dtype']!r}; allowed: {KV_CACHE_DTYPES}")
+    if s["qformat"] == "checkpoint" and s["kv_cache_dtype"] != "auto":
+        # convert_checkpoint.py's --int8_kv_cache calibrates the float model; its FP8 KV cache is not scripted here
+        raise ProfileError(f"{where}.kv_cache_dtype = {s['kv_cache_dtype']!r}; qformat checkpoint needs auto")
     draft = s["max_draft_len"]
     if not isinstance(draft, int) or isinstance(draft, bool) or draft < 0:
         raise ProfileError(f"{where}.max_draft_len = {draft!r}; must be an integer >= 0 (0: no draft tokens)")
@@ -129,6 +138,20 @@ def settings_with_defaults(settings: dict) -> dict:
     if not isinstance(s["lora_target_modules"], list) or not s["lora_target_modules"]:
         raise ProfileError(f"{where}.lora_target_modules must be a non-empty list (e.g. [attn_q, attn_k, attn_v])")
     return s
+
+
+def checkpoint_check(s: dict, repo: Path) -> QC.CheckpointQuant | None:
+    """Refuse a local checkpoint_dir that does not fit the qformat; None when there is no folder to read."""
+    value = s.get("checkpoint_dir")
+    folder = Path(posixpath.expanduser(str(value))) if value else None
+    if folder is not None and not folder.is_absolute():
+        folder = repo / folder
+    if folder is None or not folder.is_dir():
+        return None
+    try:
+        return QC.legacy_check(folder, s["qformat"])
+    except QC.CheckpointError as e:
+        raise ProfileError(f"deployment.yaml: profiles.trtllm.checkpoint_dir = {value!r}: {e}") from None
 
 
 def left_out(s: dict) -> tuple[frozenset, frozenset]:
@@ -254,5 +277,6 @@ def postprocessing_config(default: mc.ModelConfig) -> mc.ModelConfig:
 def render(deployment: dict, settings: dict, repo: Path, defaults: dict) -> dict[str, mc.ModelConfig]:
     """Model name -> config for the models this profile overrides (the renderer's profile hook)."""
     s = settings_with_defaults(settings)
+    checkpoint_check(s, repo)  # refuses a checkpoint the build would; renders nothing
     return {C.TENSORRT_LLM: tensorrt_llm_config(deployment, s), C.ENSEMBLE: ensemble_config(deployment, s),
             C.POSTPROCESSING: postprocessing_config(defaults[C.POSTPROCESSING])}

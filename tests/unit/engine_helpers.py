@@ -52,6 +52,23 @@ def hf_greedy(path: str, prompt: list[int], n: int, eos: int | None = None) -> l
     return out[0, len(prompt):].tolist()
 
 
+def engine_greedy(path: str, prompt: list[int], n: int, **config) -> list[int]:
+    """Greedy tokens of our engine on a checkpoint (float path unless ``cpu_kernels`` is given); asserts every
+    KV block is back afterwards."""
+    from tritonllm.engine.config import EngineConfig
+    from tritonllm.engine.engine import LLMEngine
+    from tritonllm.engine.request import SamplingParams
+
+    eng = LLMEngine(path, EngineConfig(**{"max_kv_tokens": 256, "cpu_kernels": "torch", **config}))
+    eng.add_request("r", prompt, SamplingParams(max_tokens=n, end_id=-1))
+    out = []
+    while eng.has_work():
+        for o in eng.step():
+            out += o.new_token_ids
+    assert eng.pool.num_free == eng.pool.num_blocks
+    return out
+
+
 def random_prompts(count: int, vocab: int, lo: int, hi: int, seed: int = 1) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(count)]

@@ -71,13 +71,25 @@ def _activation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @native
-@pytest.mark.parametrize("kind", ["int8", "int4", "int4_g128_sym"])
+def _int8_groups(w: torch.Tensor, group: int, zeros: bool) -> Int8Weight:
+    """A checkpoint's 8-bit groups (codes 0..255 with zero points, or symmetric about 128)."""
+    from tritonllm.engine.quant_writer import contiguous_groups, rtn
+
+    codes, s, z = rtn(w, contiguous_groups(w.shape[1], group), 8, symmetric=not zeros)
+    return Int8Weight.from_codes(codes, s, z, group, native=ext)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "int4_g128_sym", "int8_g64_zeros", "int8_g32_sym"])
 def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation_rounding(kind):
     torch.manual_seed(1)
     n, k = 37, 256
     w = torch.randn(n, k) * 0.05
     q = {"int8": lambda: Int8Weight(w, ext), "int4": lambda: Int4Weight(w, 32, False, ext),
-         "int4_g128_sym": lambda: Int4Weight(w, 128, True, ext)}[kind]()
+         "int4_g128_sym": lambda: Int4Weight(w, 128, True, ext),
+         "int8_g64_zeros": lambda: _int8_groups(w, 64, True), "int8_g32_sym": lambda: _int8_groups(w, 32, False)}[kind]()
+    if kind.startswith("int8_g"):
+        assert q.d.shape == (n, k // 32) and (q.m is not None) == kind.endswith("zeros")
+        assert int(q.q.min()) < -64 and int(q.q.max()) > 64                # codes use the signed range
     wd = q.dequant()
     for m in (1, 3, 4, 5, 9, cpu_kernels.MAX_ROWS):
         x = torch.randn(m, k)

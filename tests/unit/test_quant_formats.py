@@ -14,111 +14,88 @@ from safetensors.torch import load_file, save_file
 
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.quant import Int8Weight
+from tritonllm.engine.quant import Int4Weight, Int8Weight
+from tritonllm.engine import quant_writer
 from tritonllm.engine.quant_formats import AWQ_ORDER, load_prequantized
-from tritonllm.engine.request import SamplingParams
+from tritonllm.engine.quant_writer import contiguous_groups
 
-from engine_helpers import hf_greedy, make_checkpoint
+from engine_helpers import engine_greedy, hf_greedy, make_checkpoint
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
 GROUP = 32
 PROMPT = [5, 17, 33, 8, 90, 41, 7, 12, 150, 3]
 
 
-def _serve(path: str, prompt: list[int], n: int) -> list[int]:
-    """Greedy tokens of the engine on the dequantized float path (cpu_kernels torch); every block back."""
-    eng = LLMEngine(path, EngineConfig(max_kv_tokens=256, cpu_kernels="torch"))
-    eng.add_request("r", prompt, SamplingParams(max_tokens=n, end_id=-1))
-    out = []
-    while eng.has_work():
-        for o in eng.step():
-            out += o.new_token_ids
-    assert eng.pool.num_free == eng.pool.num_blocks
-    return out
-
-
-def _rtn(w: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric round to nearest over groups of input columns `cols` [groups, GROUP]: codes [out, in]
-    (at the model's input positions), scales and zero points [out, groups]."""
-    out, k = w.shape
-    g = w[:, cols]                                                          # [out, groups, GROUP]
-    lo, hi = g.amin(dim=2).clamp(max=0), g.amax(dim=2).clamp(min=0)
-    s = ((hi - lo) / 15).clamp(min=1e-8).half().float()                     # the checkpoints store fp16 scales
-    z = torch.round(-lo / s).clamp(0, 15)
-    q = torch.round(g / s[..., None] + z[..., None]).clamp(0, 15)
-    codes = torch.empty(out, k)
-    codes[:, cols.reshape(-1)] = q.reshape(out, -1)
-    return codes.to(torch.int64), s, z
-
-
-def _pack_cols(v: torch.Tensor, order=tuple(range(8))) -> torch.Tensor:
-    """[rows, 8c] -> int32 [rows, c]: nibble i of column c holds v[:, 8c + order[i]]."""
-    out = torch.zeros(v.shape[0], v.shape[1] // 8, dtype=torch.int64)
-    for i, o in enumerate(order):
-        out |= v[:, o::8] << (4 * i)
-    return out.to(torch.int32)
-
-
 def pack_awq(w: torch.Tensor) -> dict:
-    cols = torch.arange(w.shape[1]).reshape(-1, GROUP)
-    codes, s, z = _rtn(w, cols)
-    return {"qweight": _pack_cols(codes.t(), AWQ_ORDER), "qzeros": _pack_cols(z.to(torch.int64).t(), AWQ_ORDER),
-            "scales": s.t().half().contiguous()}
+    cols = contiguous_groups(w.shape[1], GROUP)
+    return quant_writer.pack_awq(*quant_writer.rtn(w, cols))
 
 
-def pack_gptq(w: torch.Tensor, act_order: bool, seed: int = 0) -> dict:
+def pack_gptq(w: torch.Tensor, act_order: bool, seed: int = 0, bits: int = 4, v2: bool = False) -> dict:
     k = w.shape[1]
     perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed)) if act_order else torch.arange(k)
-    g_idx = torch.empty(k, dtype=torch.int32)
-    g_idx[perm] = (torch.arange(k) // GROUP).to(torch.int32)
-    codes, s, z = _rtn(w, perm.reshape(-1, GROUP))
-    rows = codes.t()                                                        # [in, out]
-    qweight = torch.zeros(k // 8, w.shape[0], dtype=torch.int64)
-    for j in range(8):
-        qweight |= rows[j::8] << (4 * j)
-    return {"qweight": qweight.to(torch.int32), "qzeros": _pack_cols((z - 1).to(torch.int64).t()),
-            "scales": s.t().half().contiguous(), "g_idx": g_idx}
+    cols = perm.reshape(-1, GROUP)
+    return quant_writer.pack_gptq(*quant_writer.rtn(w, cols, bits), quant_writer.g_idx_of(cols), bits, v2)
 
 
-def naive_dequant(t: dict, method: str, out: int, k: int) -> torch.Tensor:
+def naive_dequant(t: dict, method: str, out: int, k: int, bits: int = 4, v2: bool = False) -> torch.Tensor:
     """Element by element from the packed ints, as the layouts are published."""
-    nib = lambda word, i: (int(word) >> (4 * i)) & 0xF  # noqa: E731
+    per, mask = 32 // bits, (1 << bits) - 1
+    field = lambda word, i: (int(word) >> (bits * i)) & mask  # noqa: E731
     w = torch.empty(out, k)
     inv = {o: i for i, o in enumerate(AWQ_ORDER)}
     for o in range(out):
         for i in range(k):
             if method == "awq":
-                q = nib(t["qweight"][i, o // 8], inv[o % 8])
+                q = field(t["qweight"][i, o // 8], inv[o % 8])
                 g = i // GROUP
-                z = nib(t["qzeros"][g, o // 8], inv[o % 8])
+                z = field(t["qzeros"][g, o // 8], inv[o % 8])
             else:
-                q = nib(t["qweight"][i // 8, o], i % 8)
+                q = field(t["qweight"][i // per, o], i % per)
                 g = int(t["g_idx"][i])
-                z = nib(t["qzeros"][g, o // 8], o % 8) + 1
+                z = field(t["qzeros"][g, o // per], o % per) + (0 if v2 else 1)
             w[o, i] = (q - z) * float(t["scales"][g, o])
     return w
 
 
-@pytest.mark.parametrize("method,act_order", [("awq", False), ("gptq", False), ("gptq", True)])
-def test_unpacked_weights_equal_the_naive_dequantizer(method, act_order):
+@pytest.mark.parametrize("method,act_order,bits,v2", [
+    ("awq", False, 4, False), ("gptq", False, 4, False), ("gptq", True, 4, False), ("gptq", True, 4, True),
+    ("gptq", False, 8, False), ("gptq", True, 8, True)])
+def test_unpacked_weights_equal_the_naive_dequantizer(method, act_order, bits, v2):
     torch.manual_seed(3)
     w = torch.randn(24, 64) * 0.1
-    t = pack_awq(w) if method == "awq" else pack_gptq(w, act_order)
-    qcfg = {"quant_method": method, "bits": 4, "group_size": GROUP}
+    t = pack_awq(w) if method == "awq" else pack_gptq(w, act_order, bits=bits, v2=v2)
+    qcfg = {"quant_method": method, "bits": bits, "group_size": GROUP}
+    if v2:
+        qcfg["checkpoint_format"] = "gptq_v2"
     got = load_prequantized({f"m.q_proj.{n}": v for n, v in t.items()}, qcfg)["m.q_proj.weight"]
-    ref = naive_dequant(t, method, 24, 64)
-    assert torch.equal(got.dequant(), ref)
-    assert (got.dequant() - w).abs().max() <= got.d.max() / 2 + 1e-4       # and it is w, to half a step
+    assert type(got) is (Int8Weight if bits == 8 else Int4Weight)
+    ref = naive_dequant(t, method, 24, 64, bits, v2)
+    assert torch.allclose(got.dequant(), ref, rtol=0, atol=1e-7)
+    step = float(t["scales"].float().max())
+    assert (got.dequant() - w).abs().max() <= step / 2 + 1e-4              # and it is w, to half a step
     assert (got.perm is not None) == act_order
     x = torch.randn(3, 64)
     assert torch.allclose(got.matmul(x, None), x @ ref.t(), atol=1e-5)    # the float path (no native set)
 
 
+def test_gptq_v1_cannot_store_a_zero_point_of_zero():
+    w = torch.rand(8, 64)                                                   # all >= 0: every zero point is 0
+    cols = contiguous_groups(64, GROUP)
+    with pytest.raises(ValueError, match="gptq_v2"):
+        quant_writer.pack_gptq(*quant_writer.rtn(w, cols), quant_writer.g_idx_of(cols))
+    t = quant_writer.pack_gptq(*quant_writer.rtn(w, cols), quant_writer.g_idx_of(cols), v2=True)
+    got = load_prequantized({f"m.q_proj.{n}": v for n, v in t.items()},
+                            {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "checkpoint_format": "gptq_v2"})
+    assert torch.allclose(got["m.q_proj.weight"].dequant(), naive_dequant(t, "gptq", 8, 64, 4, True), atol=1e-7)
+
+
 @pytest.mark.parametrize("qcfg,field", [
     ({"quant_method": "bitsandbytes", "bits": 4}, "quant_method"),
-    ({"quant_method": "gptq", "bits": 8}, "bits"),
+    ({"quant_method": "gptq", "bits": 3}, "bits"),
+    ({"quant_method": "awq", "bits": 8}, "bits"),
     ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "version"),
-    ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_v2"}, "checkpoint_format"),
+    ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "checkpoint_format"),
 ])
 def test_unknown_layouts_are_refused_by_field(qcfg, field):
     with pytest.raises(ValueError, match=f"quantization_config.{field}"):
@@ -166,7 +143,7 @@ def ckpt(tmp_path_factory):
 @pytest.mark.parametrize("method,act_order", [("awq", False), ("gptq", True)])
 def test_engine_serves_the_checkpoint_as_hf_serves_its_dequantized_weights(ckpt, tmp_path, method, act_order):
     quant, ref = _write_quantized(ckpt, tmp_path, method, act_order)
-    assert _serve(quant, PROMPT, 12) == hf_greedy(ref, PROMPT, 12)
+    assert engine_greedy(quant, PROMPT, 12) == hf_greedy(ref, PROMPT, 12)
     with pytest.raises(ValueError, match="quantization must be none or int4"):
         LLMEngine(quant, EngineConfig(max_kv_tokens=256, quantization="int8"))
 
@@ -193,10 +170,11 @@ def test_act_order_shared_by_fused_projections_runs_on_the_native_kernel(tmp_pat
     assert float((y - ref).abs().max()) <= 0.02 * float(ref.abs().max())   # int8 activations, as elsewhere
 
 
-def _compressed_tensors_checkpoint(src: str, dst: Path, symmetric: bool) -> tuple[str, dict]:
+def _compressed_tensors_checkpoint(src: str, dst: Path, symmetric: bool, bits: int = 4,
+                                   group: int = GROUP) -> tuple[str, dict]:
     """A pack-quantized checkpoint written by compressed-tensors itself (its ModelCompressor packs and saves;
     the round-to-nearest scales are set here, where llm-compressor's observers would calibrate them), and
-    the library's own fake-quantized (dequantized) weights of every projection."""
+    the library's own fake-quantized (dequantized) weights of every projection. group -1: per channel."""
     import transformers as tf
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
@@ -204,24 +182,26 @@ def _compressed_tensors_checkpoint(src: str, dst: Path, symmetric: bool) -> tupl
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
 
     model = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    args = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=GROUP)
+    strategy = dict(strategy="channel") if group == -1 else dict(strategy="group", group_size=group)
+    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, **strategy)
     apply_quantization_config(model, QuantizationConfig(
         config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)}, ignore=["lm_head"],
         quantization_status=QuantizationStatus.INITIALIZED))
+    qmax, half = (1 << bits) - 1, 1 << (bits - 1)
     dequantized = {}
     for name, mod in model.named_modules():
         if not hasattr(mod, "weight_scale"):
             continue
-        g = mod.weight.data.reshape(mod.weight.shape[0], -1, GROUP)
+        g = mod.weight.data.reshape(mod.weight.shape[0], -1, mod.weight.shape[1] if group == -1 else group)
         if symmetric:
-            s, zp = (g.abs().amax(2) / 7).clamp(min=1e-8), torch.zeros(g.shape[:2])
+            s, zp = (g.abs().amax(2) / (half - 1)).clamp(min=1e-8), torch.zeros(g.shape[:2])
         else:
             lo, hi = g.amin(2).clamp(max=0), g.amax(2).clamp(min=0)
-            s = ((hi - lo) / 15).clamp(min=1e-8)
-            zp = torch.round(-lo / s).clamp(0, 15) - 8                     # signed domain, as the library's
-        mod.weight_scale.data = s.to(mod.weight_scale.dtype)
+            s = ((hi - lo) / qmax).clamp(min=1e-8)
+            zp = torch.round(-lo / s).clamp(0, qmax) - half                 # signed domain, as the library's
+        mod.weight_scale.data = s.reshape(mod.weight_scale.shape).to(mod.weight_scale.dtype)
         if hasattr(mod, "weight_zero_point"):
-            mod.weight_zero_point.data = zp.to(mod.weight_zero_point.dtype)
+            mod.weight_zero_point.data = zp.reshape(mod.weight_zero_point.shape).to(mod.weight_zero_point.dtype)
         dequantized[f"{name}.weight"] = fake_quantize(mod.weight.data, mod.weight_scale.data,
                                                      getattr(mod, "weight_zero_point", None), args)
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
@@ -231,15 +211,20 @@ def _compressed_tensors_checkpoint(src: str, dst: Path, symmetric: bool) -> tupl
     return str(dst), dequantized
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_compressed_tensors_pack_quantized_as_the_library_writes_and_dequantizes_it(ckpt, tmp_path, symmetric):
+@pytest.mark.parametrize("symmetric,bits,group", [(False, 4, GROUP), (True, 4, GROUP), (True, 8, -1),
+                                                  (False, 8, GROUP)])
+def test_compressed_tensors_pack_quantized_as_the_library_writes_and_dequantizes_it(ckpt, tmp_path, symmetric,
+                                                                                    bits, group):
     pytest.importorskip("compressed_tensors")
-    path, dequantized = _compressed_tensors_checkpoint(ckpt, tmp_path / "ct", symmetric)
+    path, dequantized = _compressed_tensors_checkpoint(ckpt, tmp_path / "ct", symmetric, bits, group)
     cfg = json.loads((Path(path) / "config.json").read_text())["quantization_config"]
     assert (cfg["quant_method"], cfg["format"]) == ("compressed-tensors", "pack-quantized")
     weights = load_prequantized(load_file(str(Path(path) / "model.safetensors")), cfg)
     for name, ref in dequantized.items():
+        assert type(weights[name]) is (Int8Weight if bits == 8 else Int4Weight)
         assert torch.allclose(weights[name].dequant(), ref, atol=1e-6), name
+    if bits == 8:  # per channel symmetric keeps one scale a row; groups with zero points go per block
+        assert weights[name].d.dim() == (1 if group == -1 else 2) and (weights[name].m is None) == symmetric
     # served as transformers serves the library's dequantized weights (and the engine's int8 LM head)
     ref_dir = tmp_path / "ref"
     shutil.copytree(ckpt, ref_dir)
@@ -247,14 +232,14 @@ def test_compressed_tensors_pack_quantized_as_the_library_writes_and_dequantizes
     tensors.update(dequantized)
     tensors["lm_head.weight"] = Int8Weight(tensors["lm_head.weight"]).dequant()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(ref_dir / "model.safetensors"))
-    assert _serve(path, PROMPT, 12) == hf_greedy(str(ref_dir), PROMPT, 12)
+    assert engine_greedy(path, PROMPT, 12) == hf_greedy(str(ref_dir), PROMPT, 12)
 
 
 def test_compressed_tensors_layouts_we_do_not_read_are_refused():
     base = {"quant_method": "compressed-tensors", "format": "pack-quantized",
             "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}}}
     for change, field in ((("format", "float-quantized"), "format"),
-                          (("num_bits", 8), "config_groups.g.weights.num_bits"),
+                          (("num_bits", 2), "config_groups.g.weights.num_bits"),
                           (("actorder", "group"), "config_groups.g.weights.actorder")):
         cfg = json.loads(json.dumps(base))
         if change[0] == "format":

@@ -5,6 +5,7 @@ TensorRT-LLM is not installed here and there is no GPU: these tests pin the comm
 """
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -185,9 +186,77 @@ def test_gpu_check_reports_both_profiles_for_an_architecture():
 
     hopper, ampere = gpu_check.profiles_check((9, 0)), gpu_check.profiles_check((8, 0))
     assert hopper["trtllm_buildable_qformats"] == list(b.QFORMATS) and hopper["llmapi_fp8_kv_cache_ok"]
-    assert ampere["trtllm_buildable_qformats"] == ["int4_awq", "int8_sq"] and not ampere["llmapi_fp8_kv_cache_ok"]
+    assert ampere["trtllm_buildable_qformats"] == ["int4_awq", "int8_sq", "int8_wo", "int4_wo", "checkpoint"]
+    assert not ampere["llmapi_fp8_kv_cache_ok"]
     assert hopper["profiles_rendered"] == ["ensembles/ensemble/configs/trtllm.pbtxt",
                                            "model_repository/postprocessing/configs/trtllm.pbtxt",
                                            "model_repository/tensorrt_llm/configs/llmapi.pbtxt",
                                            "model_repository/tensorrt_llm/configs/trtllm.pbtxt"]
     assert hopper["tensorrt_llm"] is None  # not installable here
+
+
+# ------------------------------------------------------------------ weight-only formats, pre-quantized checkpoints
+AUTOGPTQ = {"bits": 4, "group_size": 128, "desc_act": False, "sym": True, "quant_method": "gptq",
+            "checkpoint_format": "gptq"}
+
+
+def hf_folder(folder: Path, quantization_config=None) -> Path:
+    folder.mkdir(parents=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("qformat", ["int8_wo", "int4_wo"])
+def test_weight_only_formats_are_quantize_py_qformats_without_fp8(qformat):
+    from tritonllm.trtllm import names as N
+
+    assert qformat in b.QUANTIZE_QFORMATS and qformat in N.fields("qformat") and qformat not in b.FP8_QFORMATS
+    quantize, build = b.plan_commands(plan(qformat=qformat, kv_cache_dtype="auto", calib_size=16))
+    assert quantize == ["python3", b.DEFAULT_QUANTIZE_SCRIPT, "--model_dir", "/models/llama", "--dtype", "auto",
+                        "--qformat", qformat, "--calib_size", "16", "--tp_size", "1", "--pp_size", "1",
+                        "--output_dir", "/tmp/ckpt"]
+    assert build[build.index("--use_fp8_context_fmha") + 1] == "disable"
+    assert not plan(qformat=qformat, kv_cache_dtype="int8").needs_fp8
+    b.check_gpus([(8, 0)], fp8=plan(qformat=qformat, kv_cache_dtype="int8").needs_fp8)  # A100: fine
+    with pytest.raises(b.BuildError, match="weight-only"):
+        b.check_gpus([(7, 5)], fp8=False)
+
+
+def test_qformat_checkpoint_converts_with_nvidias_llama_script_then_builds():
+    convert, build = b.plan_commands(plan(qformat="checkpoint", kv_cache_dtype="auto", tp_size=2, workers=2,
+                                          dtype="float16", convert_script="/opt/trtllm/convert_checkpoint.py"))
+    assert convert == ["python3", "/opt/trtllm/convert_checkpoint.py", "--model_dir", "/models/llama",
+                       "--output_dir", "/tmp/ckpt", "--dtype", "float16", "--tp_size", "2", "--pp_size", "1"]
+    assert build[:3] == ["trtllm-build", "--checkpoint_dir", "/tmp/ckpt"]
+    assert build[build.index("--use_fp8_context_fmha") + 1] == "disable"
+    assert b.DEFAULT_CONVERT_SCRIPT.endswith("examples/models/core/llama/convert_checkpoint.py")
+    with pytest.raises(b.BuildError, match="model dtype"):
+        b.plan_commands(plan(qformat="checkpoint", kv_cache_dtype="fp8"))
+
+
+def test_the_checkpoint_folder_must_fit_the_qformat(tmp_path):
+    gptq = hf_folder(tmp_path / "gptq", AUTOGPTQ)
+    assert b.check_checkpoint(gptq, "checkpoint") == f"{gptq}: AutoGPTQ -> W4A16_GPTQ (group size 128)"
+    with pytest.raises(b.BuildError, match=r"quantization_config\.quant_method: 'gptq': already quantized"):
+        b.check_checkpoint(gptq, "fp8")
+    with pytest.raises(b.BuildError, match=r"quantization_config\.desc_act"):
+        b.check_checkpoint(hf_folder(tmp_path / "act-order", {**AUTOGPTQ, "desc_act": True}), "checkpoint")
+    float_folder = hf_folder(tmp_path / "float")
+    assert b.check_checkpoint(float_folder, "int4_wo") is None
+    with pytest.raises(b.BuildError, match="quantization_config: missing"):
+        b.check_checkpoint(float_folder, "checkpoint")
+
+
+def test_dry_run_checks_a_local_checkpoint(tmp_path, capsys):
+    gptq = hf_folder(tmp_path / "gptq", AUTOGPTQ)
+    assert b.main(["--dry-run", "--checkpoint", str(gptq), "--qformat", "checkpoint", "--kv-cache-dtype", "auto",
+                   "--convert-script", "/opt/convert_checkpoint.py"]) == 0
+    out = capsys.readouterr()
+    convert = shlex.split(out.out.splitlines()[0])
+    assert convert[:4] == ["python3", "/opt/convert_checkpoint.py", "--model_dir", str(gptq)]
+    assert "AutoGPTQ -> W4A16_GPTQ" in out.err
+    assert b.main(["--dry-run", "--checkpoint", str(gptq), "--qformat", "fp8"]) == 2
+    assert "already quantized" in capsys.readouterr().err

@@ -3,6 +3,7 @@ drop our engine-only outputs (request_key / is_final) everywhere, and the MPI la
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -222,4 +223,95 @@ def test_bad_feature_settings_are_refused(deployment, changes, msg):
     dep = copy.deepcopy(deployment)
     dep["profiles"]["trtllm"].update(changes)
     with pytest.raises(ValueError, match=msg):
+        rc.render_files(dep, ROOT)
+
+
+# ------------------------------------------------------------------ quantized checkpoints and weight-only formats
+import json  # noqa: E402
+
+import _quant_checkpoint as QC  # noqa: E402  (build_scripts/profiles, put on sys.path by profiles.trtllm)
+from tritonllm.trtllm import names as N  # noqa: E402
+
+AUTOGPTQ = {"bits": 4, "checkpoint_format": "gptq", "damp_percent": 0.01, "desc_act": False, "group_size": 128,
+            "quant_method": "gptq", "static_groups": False, "sym": True, "true_sequential": True}
+AUTOAWQ = {"bits": 4, "group_size": 64, "modules_to_not_convert": None, "quant_method": "awq", "version": "gemm",
+           "zero_point": True}
+
+
+def hf_folder(folder: Path, quantization_config=None, architecture="LlamaForCausalLM") -> Path:
+    folder.mkdir(parents=True)
+    config = {"architectures": [architecture], "model_type": "llama"}
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_qformats_are_quantize_py_choices_plus_checkpoint():
+    assert trtllm.QUANTIZE_QFORMATS == ("fp8", "int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "int4_wo")
+    assert set(trtllm.QUANTIZE_QFORMATS) <= N.fields("qformat") and "checkpoint" not in N.fields("qformat")
+    assert trtllm.QFORMATS == trtllm.QUANTIZE_QFORMATS + ("checkpoint",)
+
+
+@pytest.mark.parametrize("qformat, kv", [("int8_wo", "auto"), ("int4_wo", "int8"), ("int4_wo", "fp8")])
+def test_weight_only_formats_render(deployment, qformat, kv):
+    dep = copy.deepcopy(deployment)
+    dep["profiles"]["trtllm"].update(qformat=qformat, kv_cache_dtype=kv)
+    files = rc.render_files(dep, ROOT)  # passes the cross-checks
+    assert parse(files[GPU_FILES[0]]).backend == "tensorrtllm"
+
+
+@pytest.mark.parametrize("quantization_config, want", [
+    (AUTOGPTQ, ("W4A16_GPTQ", 128, "AutoGPTQ")),
+    (AUTOAWQ, ("W4A16_GPTQ", 64, "AutoAWQ (use_autoawq)")),  # convert_checkpoint.py: awq -> W4A16_GPTQ
+])
+def test_qformat_checkpoint_reads_autoawq_and_autogptq_as_the_llama_converter_does(tmp_path, quantization_config,
+                                                                                    want):
+    folder = hf_folder(tmp_path / "ckpt", quantization_config)
+    s = trtllm.settings_with_defaults({"qformat": "checkpoint", "kv_cache_dtype": "auto",
+                                       "checkpoint_dir": str(folder)})
+    got = trtllm.checkpoint_check(s, ROOT)
+    assert (got.quant_algo, got.group_size, got.note) == want
+
+
+@pytest.mark.parametrize("qformat, quantization_config, arch, field", [
+    ("checkpoint", {**AUTOGPTQ, "desc_act": True}, "LlamaForCausalLM", "quantization_config.desc_act"),
+    ("checkpoint", {**AUTOGPTQ, "bits": 8}, "LlamaForCausalLM", "quantization_config.bits"),
+    ("checkpoint", {**AUTOGPTQ, "checkpoint_format": "gptq_v2"}, "LlamaForCausalLM",
+     "quantization_config.checkpoint_format"),
+    ("checkpoint", {**AUTOAWQ, "version": "gemv"}, "LlamaForCausalLM", "quantization_config.version"),
+    ("checkpoint", {"quant_method": "compressed-tensors"}, "LlamaForCausalLM", "quantization_config.quant_method"),
+    ("checkpoint", None, "LlamaForCausalLM", "config.json: quantization_config: missing"),
+    ("checkpoint", AUTOGPTQ, "Qwen2ForCausalLM", "config.json: architectures"),
+    ("fp8", AUTOGPTQ, "LlamaForCausalLM", "quantization_config.quant_method: 'gptq': already quantized"),
+    ("int4_wo", AUTOAWQ, "LlamaForCausalLM", "quantization_config.quant_method: 'awq': already quantized"),
+])
+def test_a_checkpoint_dir_that_does_not_fit_the_qformat_is_refused_naming_the_field(deployment, tmp_path, qformat,
+                                                                                    quantization_config, arch, field):
+    folder = hf_folder(tmp_path / "ckpt", quantization_config, arch)
+    dep = copy.deepcopy(deployment)
+    dep["profiles"]["trtllm"].update(qformat=qformat, kv_cache_dtype="auto", checkpoint_dir=str(folder))
+    with pytest.raises(ValueError, match=r"profiles\.trtllm\.checkpoint_dir = .*" + re.escape(field)):
+        rc.render_files(dep, ROOT)
+
+
+def test_a_modelopt_export_is_for_the_llmapi_profile_and_a_float_folder_for_quantize_py(tmp_path):
+    folder = hf_folder(tmp_path / "ckpt")
+    assert trtllm.checkpoint_check(trtllm.settings_with_defaults({"checkpoint_dir": str(folder)}), ROOT) is None
+    (folder / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    for qformat in ("fp8", "checkpoint"):
+        s = trtllm.settings_with_defaults({"qformat": qformat, "kv_cache_dtype": "auto", "checkpoint_dir": str(folder)})
+        with pytest.raises(trtllm.ProfileError, match="hf_quant_config.json: a ModelOpt export"):
+            trtllm.checkpoint_check(s, ROOT)
+    absent = trtllm.settings_with_defaults({"qformat": "checkpoint", "kv_cache_dtype": "auto",
+                                            "checkpoint_dir": "build/no/such/folder"})
+    assert trtllm.checkpoint_check(absent, ROOT) is None  # nothing to read yet: the build checks it again
+    with pytest.raises(QC.CheckpointError):
+        QC.legacy_quant(folder)
+
+
+def test_qformat_checkpoint_keeps_the_kv_cache_in_the_model_dtype(deployment):
+    dep = copy.deepcopy(deployment)
+    dep["profiles"]["trtllm"].update(qformat="checkpoint", kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="qformat checkpoint needs auto"):
         rc.render_files(dep, ROOT)

@@ -9,6 +9,7 @@ import torch
 
 from .hf_config import ModelSpec, load_spec
 from .model import Transformer
+from .quant import Int8Weight
 from .quant_formats import load_prequantized
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,11 +82,12 @@ def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
     weights = load_weights(model_dir)
     qcfg = checkpoint_quantization(model_dir)
     if qcfg is not None:
-        if quantization not in ("none", "int4"):
-            raise ValueError(f"{model_dir} is a {qcfg.get('quant_method')} int4 checkpoint: quantization must be "
-                             f"none or int4 (it is {quantization!r})")
         weights = load_prequantized(weights, qcfg)
-        quantization = "int4"  # the checkpoint's codes are kept; the LM head goes to int8 as for int4
+        kind = "int8" if any(isinstance(w, Int8Weight) for w in weights.values()) else "int4"
+        if quantization not in ("none", kind):
+            raise ValueError(f"{model_dir} is a {qcfg.get('quant_method')} {kind} checkpoint: quantization must be "
+                             f"none or {kind} (it is {quantization!r})")
+        quantization = kind  # the checkpoint's codes are kept; the LM head goes to int8 as for int8 / int4
     missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in weights]
     if missing:
         raise ValueError(f"{model_dir}: safetensors lack {missing}")

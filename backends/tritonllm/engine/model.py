@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import cpu_kernels as native_kernels
 from .fp8 import FP8Weight, load, store, wants_scaled_mm
-from .quant import Int4Weight, quantize
+from .quant import Int4Weight, Int8Weight, quantize
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet
 
@@ -55,11 +55,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _fuse(parts: list):
-    """Rows of projections over one input: float tensors, or a checkpoint's Int4Weights (AWQ / GPTQ)."""
+    """Rows of projections over one input: float tensors, or a checkpoint's Int4Weights / Int8Weights."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts, 0).contiguous()
-    if all(isinstance(p, Int4Weight) for p in parts):
-        return Int4Weight.cat(parts)
+    for cls in (Int4Weight, Int8Weight):
+        if all(isinstance(p, cls) for p in parts):
+            return cls.cat(parts)
     raise ValueError("a fused projection mixes quantized and float weights")
 
 
@@ -116,7 +117,7 @@ class Transformer:
                     weight = getattr(self.layers[-1], name)
                     if isinstance(weight, torch.Tensor):
                         setattr(self.layers[-1], name, quantize(weight, mode, quant_group_size, sym, self.native))
-                    else:  # a checkpoint's own int4 codes (AWQ / GPTQ): Int4Weight or RowStack
+                    else:  # a checkpoint's own codes (AWQ / GPTQ / compressed-tensors)
                         weight.native = self.native
         if quantization in ("int8", "int4", "int4_sym"):  # the LM head in int8: the largest matrix of small models
             self.lm_head = quantize(self.lm_head, "int8", native=self.native)

@@ -25,28 +25,117 @@ GROUP_SIZES = (32, 64, 128)
 QK = 32  # the native kernels' block
 
 
-class Int8Weight:
+class _Packed:
+    """What Int8Weight and Int4Weight share: the stored input order (``perm``, GPTQ act order: x[:, perm] @ W^T
+    is the product), fusing rows over one input (``cat``), moving to a device."""
+
+    perm = None
+    TENSORS: tuple[str, ...] = ()
+
+    @classmethod
+    def cat(cls, parts: list):
+        """Rows of several weights over the same input (fused q/k/v, gate/up): one weight of this class, or a
+        RowStack when the parts differ in layout (input order, group size, per-channel vs per-group scales)."""
+        first = parts[0]
+        if any(type(p) is not cls or p.shape[1] != first.shape[1] for p in parts):
+            raise ValueError("fused quantized weights need the same type and input size")
+        same = all(p.layout() == first.layout() for p in parts) and all(
+            (p.perm is None and first.perm is None) or
+            (p.perm is not None and first.perm is not None and torch.equal(p.perm, first.perm)) for p in parts)
+        if not same:
+            return RowStack(parts)
+        self = cls.__new__(cls)
+        self.__dict__.update(first.__dict__)
+        self.shape = (sum(p.shape[0] for p in parts), first.shape[1])
+        for name in self.TENSORS:
+            if getattr(first, name) is not None:
+                setattr(self, name, torch.cat([getattr(p, name) for p in parts]).contiguous())
+        return self
+
+    def to(self, device: torch.device):
+        for name in self.TENSORS:
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device))
+        self.perm = None if self.perm is None else self.perm.to(device)
+        return self
+
+    def _in_model_order(self, w: torch.Tensor) -> torch.Tensor:
+        return w if self.perm is None else torch.empty_like(w).index_copy_(1, self.perm, w)
+
+    def _stored_order(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.perm is None else x.index_select(1, self.perm)
+
+
+class Int8Weight(_Packed):
+    """int8 codes q [N, K] (-128..127) and either one scale per output channel (d [N], weight = d * q: what
+    ``quantization: int8`` makes) or, from a checkpoint's 8-bit groups, scales d and zero shares m per
+    32-element block (d, m [N, K / 32], weight = d * q + m)."""
+
+    TENSORS = ("q", "d", "m")
+
     def __init__(self, w: torch.Tensor, native=None) -> None:
         w = w.float()
         self.shape = tuple(w.shape)
         self.d = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).contiguous()
         self.q = torch.round(w / self.d[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.m, self.group_size = None, w.shape[1]
         self.native = native if w.shape[1] % QK == 0 else None
 
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, d: torch.Tensor, z: torch.Tensor | None, group_size: int,
+                   perm: torch.Tensor | None = None, native=None) -> "Int8Weight":
+        """A checkpoint's unsigned codes [N, K] (0..255), scales and zero points [N, K / group_size]: weight =
+        d * (codes - z). Stored as signed codes (codes - 128) with m = d * (128 - z); symmetric one-group rows
+        (z = 128 everywhere, group = K) keep one scale per channel."""
+        n, k = codes.shape
+        if k % group_size:
+            raise ValueError(f"int8 groups of {group_size} do not divide the input size {k}")
+        self = cls.__new__(cls)
+        self.shape, self.group_size, self.perm = (n, k), group_size, None if perm is None else perm.to(torch.long)
+        self.q = (codes.to(torch.int16) - 128).to(torch.int8).contiguous()
+        d = d.float().reshape(n, k // group_size)
+        zero_share = None if z is None else d * (128.0 - z.float().reshape(n, k // group_size))
+        if zero_share is not None and not zero_share.any():  # symmetric: no zero points' share to add
+            zero_share = None
+        if group_size == k and zero_share is None:
+            self.d, self.m = d.reshape(n).contiguous(), None
+        elif group_size % QK:
+            raise ValueError(f"int8 groups of {group_size} with their own scales: need a multiple of 32")
+        else:
+            rep = group_size // QK
+            self.d = d.repeat_interleave(rep, dim=1).contiguous()
+            self.m = None if zero_share is None else zero_share.repeat_interleave(rep, dim=1).contiguous()
+        self.native = native if k % QK == 0 else None
+        return self
+
+    def layout(self) -> tuple:
+        return (self.d.dim(), self.m is not None)
+
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.q.float() * self.d[:, None]).to(dtype)
+        if self.d.dim() == 1:
+            w = self.q.float() * self.d[:, None]
+        else:
+            n, k = self.shape
+            w = self.q.float().reshape(n, k // QK, QK) * self.d[..., None]
+            if self.m is not None:
+                w = w + self.m[..., None]
+            w = w.reshape(n, k)
+        return self._in_model_order(w).to(dtype)
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.native is not None and native_rows(x):
-            return self.native.linear_q8(x.contiguous(), self.q, self.d, b)
+            return self.native.linear_q8(self._stored_order(x).contiguous(), self.q, self.d, self.m, b)
         return _torch_linear(x, self.dequant(x.dtype), b)
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + self.d.numel() * 4
+        extra = self.d.numel() + (0 if self.m is None else self.m.numel())  # per group, repeated per block
+        return self.q.numel() + extra * 4 // (1 if self.d.dim() == 1 else self.group_size // QK)
 
 
-class Int4Weight:
+class Int4Weight(_Packed):
+    TENSORS = ("q", "d", "m")
+
     def __init__(self, w: torch.Tensor, group_size: int = 32, symmetric: bool = False, native=None) -> None:
         if group_size not in GROUP_SIZES:
             raise ValueError(f"quant_group_size must be one of {GROUP_SIZES}, got {group_size}")
@@ -88,31 +177,8 @@ class Int4Weight:
         blocks = q.reshape(n, k // QK, QK)
         self.q = (blocks[..., :QK // 2] | (blocks[..., QK // 2:] << 4)).reshape(n, k // 2).contiguous()
 
-    @classmethod
-    def cat(cls, parts: list["Int4Weight"]):
-        """Rows of several weights over the same input (fused q/k/v, gate/up): one Int4Weight, or, when the
-        parts store their inputs in different orders (GPTQ act order per projection), a RowStack of them."""
-        first = parts[0]
-        if any(p.shape[1] != first.shape[1] or p.group_size != first.group_size for p in parts):
-            raise ValueError("fused int4 weights need the same input size and group size")
-        same_perm = all((p.perm is None and first.perm is None) or
-                        (p.perm is not None and first.perm is not None and torch.equal(p.perm, first.perm))
-                        for p in parts)
-        if not same_perm:
-            return RowStack(parts)
-        self = cls.__new__(cls)
-        self.shape = (sum(p.shape[0] for p in parts), first.shape[1])
-        self.group_size, self.symmetric, self.native, self.perm = first.group_size, first.symmetric, first.native, first.perm
-        self.d = torch.cat([p.d for p in parts]).contiguous()
-        self.m = torch.cat([p.m for p in parts]).contiguous()
-        self.q = torch.cat([p.q for p in parts]).contiguous()
-        return self
-
-    def to(self, device: torch.device) -> "Int4Weight":
-        for name in ("q", "d", "m"):
-            setattr(self, name, getattr(self, name).to(device))
-        self.perm = None if self.perm is None else self.perm.to(device)
-        return self
+    def layout(self) -> tuple:
+        return (self.group_size,)
 
     def codes(self) -> torch.Tensor:
         """The unpacked codes [N, K] (0..15), in the stored input order."""
@@ -124,15 +190,11 @@ class Int4Weight:
         """The float weight [N, K] in the model's input order."""
         n, k = self.shape
         q = self.codes().float().reshape(n, k // QK, QK)
-        w = (q * self.d[..., None] + self.m[..., None]).reshape(n, k)
-        if self.perm is not None:
-            w = torch.empty_like(w).index_copy_(1, self.perm, w)
-        return w.to(dtype)
+        return self._in_model_order((q * self.d[..., None] + self.m[..., None]).reshape(n, k)).to(dtype)
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.native is not None and native_rows(x):
-            xs = x if self.perm is None else x.index_select(1, self.perm)
-            return self.native.linear_q4(xs.contiguous(), self.q, self.d, self.m, b)
+            return self.native.linear_q4(self._stored_order(x).contiguous(), self.q, self.d, self.m, b)
         return _torch_linear(x, self.dequant(x.dtype), b)
 
     @property

@@ -11,8 +11,11 @@ fields transcribed from the sources (tests/unit/test_llmapi_runner.py).
 Version notes (what the sources say; not verified against a running TensorRT-LLM):
 - ``quant_config`` is not an ``LLM(...)`` argument of the PyTorch backend: in ``TorchLlmArgs`` it is a
   private attribute behind a property (llm_args.py@0004396, ``_quant_config = PrivateAttr``), and
-  ``BaseLLM.__init__`` refuses any key that is not a model field ("LLM got invalid argument", llm.py@4c05a74).
-  FP8 weights therefore come from a pre-quantized (ModelOpt) checkpoint, e.g. nvidia/Llama-3.1-8B-Instruct-FP8.
+  ``BaseLLM.__init__`` refuses any key that is not a model field ("LLM got invalid argument", llm.py@4c05a74);
+  a QuantConfig that does reach the PyTorch loader is ignored with a warning (``CachedModelLoader.__call__``,
+  llm_utils.py@0066b2a). Quantized weights therefore come from a pre-quantized checkpoint: ``QuantAlgo`` /
+  ``quant_method`` below are what ``build_scripts/profiles/_quant_checkpoint.py`` reads a checkpoint folder
+  into, the way ``ModelLoader._update_from_hf_quant_config`` and ``ModelConfig.load_hf_quant_config`` do.
 - ``SamplingParams`` takes stop / bad words as strings (tokenized by TensorRT-LLM) or as *single* token ids
   (``stop_token_ids`` / ``bad_token_ids``); token-id sequences have no public field (``_stop_word_ids`` is
   ``init=False``), so the runner matches multi-token stop words itself (llmapi_outputs.StopMatcher).
@@ -32,6 +35,20 @@ RESULT_PY = f"{_REPO} tensorrt_llm/executor/result.py@a678b91aafbeff265cd0b764ab
 JSON_CPP = f"{_REPO} cpp/tensorrt_llm/executor/jsonSerialization.cpp@092229bb6e1ce6e7f0db2ba010b7fdaf654e1549"
 TRITON_LLMAPI = f"{_REPO} triton_backend/all_models/llmapi/tensorrt_llm/1/"
 MODEL_PY = f"{TRITON_LLMAPI}model.py@044a90d209e380c95e23e8ae42f3583fa05ada78"
+# Quantized checkpoints (build_scripts/profiles/_quant_checkpoint.py; docs/quantization.md, last section)
+LLM_UTILS_PY = f"{_REPO} tensorrt_llm/llmapi/llm_utils.py@0066b2a5696f5819dc4c98befa25e957e6e24fe5"
+MODEL_CONFIG_PY = f"{_REPO} tensorrt_llm/_torch/model_config.py@008e0af8980fc560003631ba4ac37828836a91c8"
+QUANT_CONFIG_UTILS_PY = f"{_REPO} tensorrt_llm/models/quant_config_utils.py@21156a7a57acd21e17feb5c2721c30f035e0f2af"
+MODELOPT_CONFIG_PY = f"{_REPO} tensorrt_llm/quantization/modelopt_config.py@2edf354d4b92161efd50b10b71e8e20fb6c5925a"
+LINEAR_PY = f"{_REPO} tensorrt_llm/_torch/modules/linear.py@00bbf71e796406ea8593a77cbfb828356182db16"
+GPTQ_PR_PY = (f"{_REPO} tensorrt_llm/_torch/models/checkpoints/hf/gptq.py@cec694d850a5b165389fc92259927a7ee3ebd45e"
+              " (PR #19442, open when read)")
+LLAMA_CONVERT_PY = f"{_REPO} examples/models/core/llama/convert_checkpoint.py@368f8f2ade001e8fcb955be39e4812f918d7fb92"
+QUANTIZE_PY = (f"{_REPO} examples/quantization/quantize.py@059c97c10c12e948e91676c8db3c9f137b0a2389"
+               " (same choices plus fp8_pc_pt @c8c6df08)")
+QUANTIZE_BY_MODELOPT_PY = (f"{_REPO} tensorrt_llm/quantization/quantize_by_modelopt.py"
+                           "@042c510d33e3ba07ac0e3d1ef810b82198b90e0c")
+SUPPORT_MATRIX_MD = f"{_REPO} docs/source/reference/support-matrix.md@9b062a8325a134de7966e9131984f8b2037c2ed6"
 
 # kind -> (where it was read, names). Dotted names are attribute paths.
 TABLE: dict[str, tuple[str, frozenset[str]]] = {
@@ -79,6 +96,21 @@ TABLE: dict[str, tuple[str, frozenset[str]]] = {
         "inflightBatchingStats.numScheduledRequests", "inflightBatchingStats.numContextRequests",
         "inflightBatchingStats.numGenRequests", "inflightBatchingStats.numPausedRequests",
         "inflightBatchingStats.numCtxTokens", "inflightBatchingStats.microBatchId"})),
+    # QuantAlgo members a checkpoint is read into or refused by (the enum's values are its names)
+    "QuantAlgo": (MODEL_CONFIG_PY + "; " + LINEAR_PY + " (get_quant_method); " + QUANTIZE_BY_MODELOPT_PY + "; "
+                  + LLAMA_CONVERT_PY, frozenset({
+                      "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_BLOCK_SCALES", "NVFP4", "NVFP4_ARC", "MXFP8",
+                      "W4A8_NVFP4_FP8", "W4A8_MXFP4_FP8", "W4A8_MXFP4_MXFP8", "W4A16_MXFP4", "W8A16", "W4A16",
+                      "W4A16_AWQ", "W4A8_AWQ", "W4A16_GPTQ", "W8A16_GPTQ", "W8A8_SQ_PER_CHANNEL",
+                      "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
+                      "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN",
+                      "W4A8_QSERVE_PER_GROUP", "W4A8_QSERVE_PER_CHANNEL", "INT8", "MIXED_PRECISION", "NO_QUANT"})),
+    # quantization_config.quant_method values the PyTorch loader has a branch for ("modelopt": prefix match)
+    "quant_method": (LLM_UTILS_PY + " (_update_from_hf_quant_config); " + MODEL_CONFIG_PY + " (load_hf_quant_config)",
+                     frozenset({"fp8", "mxfp4", "mxfp8", "compressed-tensors", "nvfp4", "modelopt"})),
+    # examples/quantization/quantize.py --qformat choices (the legacy engine path)
+    "qformat": (QUANTIZE_PY, frozenset({"nvfp4", "fp8", "fp8_pc_pt", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo",
+                                        "int4_wo", "full_prec"})),
 }
 
 

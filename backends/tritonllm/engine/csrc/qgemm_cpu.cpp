@@ -8,7 +8,8 @@
 // tests bound the error against the fp32 matmul of the dequantized weights.
 //
 // Layouts (written by engine/quant.py), K a multiple of 32, blocks of 32 along K:
-//   int8: q [N, K] int8 (symmetric, -127..127), d [N] fp32 per output channel.
+//   int8: q [N, K] int8 (-128..127), d [N] fp32 per output channel (symmetric), or d [N, K / 32] per block
+//         with optional m [N, K / 32] (checkpoints' 8-bit groups with zero points: weight = d * q + m).
 //   int4: q [N, K / 2] uint8; the 16 bytes of block b of row n hold element j in the low nibble and element
 //         j + 16 in the high nibble (llama.cpp's Q4 order); weight = d[n, b] * q + m[n, b], q in 0..15
 //         (m = -d * zero point; symmetric weights have zero point 8).
@@ -94,39 +95,27 @@ inline __m256i unpack_q4(const uint8_t* p) {
   return _mm256_set_m128i(hi, lo);
 }
 
-struct Q8Args { const int8_t* w; const float* dw; const float* b; float* y; int64_t M, K, N; };
-struct Q4Args { const uint8_t* w; const float* dw; const float* mw; const float* b; float* y; int64_t M, K, N; };
+// Weight codes of one 32-element block: loaded once per block and row, multiplied with MB activation blocks.
+struct S8 {  // int8 codes, 32 bytes a block
+  static constexpr int BYTES = 32;
+  static __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static __m256 dot(__m256i w, __m256i xv) { return dot_s8s8(w, xv); }
+};
+struct U4 {  // int4 codes 0..15, 16 bytes a block (Q4 order)
+  static constexpr int BYTES = 16;
+  static __m256i load(const uint8_t* p) { return unpack_q4(p); }
+  static __m256 dot(__m256i w, __m256i xv) { return dot_u8s8(w, xv); }
+};
 
-// Outputs (m0 .. m0+MB) x (n .. n+R): each weight block is loaded once for MB activation rows and each
-// activation block once for R weight rows.
-template <int R, int MB>
-inline void q8_tile(const Q8Args& a, const QuantizedRows& x, int64_t n, int64_t m0) {
-  const int64_t nb = a.K / QK;
-  __m256 acc[R][MB];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    __m256i w[R];
-    for (int r = 0; r < R; ++r)
-      w[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.w + (n + r) * a.K + blk * QK));
-    for (int m = 0; m < MB; ++m) {
-      const int64_t row = m0 + m;
-      const __m256i xv = load32(x.q.data() + row * a.K + blk * QK);
-      const __m256 dx = _mm256_set1_ps(x.d[row * nb + blk]);
-      for (int r = 0; r < R; ++r) acc[r][m] = _mm256_fmadd_ps(dot_s8s8(w[r], xv), dx, acc[r][m]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MB; ++m) {
-      const float s = a.dw[n + r] * hsum(acc[r][m]);
-      a.y[(m0 + m) * a.N + n + r] = a.b ? s + a.b[n + r] : s;
-    }
-}
+// w: codes, row_bytes apart; d: one scale per row (PER_BLOCK false) or per row and block [N, K/32]; m: the
+// zero points' share per row and block (m = -d * zero), or null.
+struct QArgs { const uint8_t* w; int64_t row_bytes; const float* d; const float* m; const float* b; float* y;
+               int64_t M, K, N; };
 
 // sum over blocks of m[n, b] * (d * sum(codes))[row, b]: the zero points' share, apart from the hot loop.
-inline float q4_mins(const Q4Args& a, const QuantizedRows& x, int64_t n, int64_t row) {
+inline float mins(const QArgs& a, const QuantizedRows& x, int64_t n, int64_t row) {
   const int64_t nb = a.K / QK, nb8 = nb & ~int64_t(7);
-  const float* mw = a.mw + n * nb;
+  const float* mw = a.m + n * nb;
   const float* ds = x.ds.data() + row * nb;
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb8; b += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(mw + b), _mm256_loadu_ps(ds + b), acc);
@@ -135,8 +124,10 @@ inline float q4_mins(const Q4Args& a, const QuantizedRows& x, int64_t n, int64_t
   return s;
 }
 
-template <int R, int MB>
-inline void q4_tile(const Q4Args& a, const QuantizedRows& x, int64_t n, int64_t m0) {
+// Outputs (m0 .. m0+MB) x (n .. n+R): each weight block is loaded once for MB activation rows and each
+// activation block once for R weight rows.
+template <class W, bool PER_BLOCK, int R, int MB>
+inline void tile(const QArgs& a, const QuantizedRows& x, int64_t n, int64_t m0) {
   const int64_t nb = a.K / QK;
   __m256 acc[R][MB];
   for (int r = 0; r < R; ++r)
@@ -145,20 +136,21 @@ inline void q4_tile(const Q4Args& a, const QuantizedRows& x, int64_t n, int64_t 
     __m256i w[R];
     float dw[R];
     for (int r = 0; r < R; ++r) {
-      w[r] = unpack_q4(a.w + (n + r) * (a.K / 2) + blk * (QK / 2));
-      dw[r] = a.dw[(n + r) * nb + blk];
+      w[r] = W::load(a.w + (n + r) * a.row_bytes + blk * W::BYTES);
+      dw[r] = PER_BLOCK ? a.d[(n + r) * nb + blk] : 1.f;
     }
     for (int m = 0; m < MB; ++m) {
       const int64_t row = m0 + m;
       const __m256i xv = load32(x.q.data() + row * a.K + blk * QK);
       const float dx = x.d[row * nb + blk];
       for (int r = 0; r < R; ++r)
-        acc[r][m] = _mm256_fmadd_ps(dot_u8s8(w[r], xv), _mm256_set1_ps(dw[r] * dx), acc[r][m]);
+        acc[r][m] = _mm256_fmadd_ps(W::dot(w[r], xv), _mm256_set1_ps(PER_BLOCK ? dw[r] * dx : dx), acc[r][m]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MB; ++m) {
-      const float s = hsum(acc[r][m]) + q4_mins(a, x, n + r, m0 + m);
+      float s = hsum(acc[r][m]) * (PER_BLOCK ? 1.f : a.d[n + r]);
+      if (a.m) s += mins(a, x, n + r, m0 + m);
       a.y[(m0 + m) * a.N + n + r] = a.b ? s + a.b[n + r] : s;
     }
 }
@@ -192,23 +184,23 @@ inline void f8_row(const F8Args& a, int64_t n, int64_t m0) {
 // Rows of W split across threads. M = 1 keeps 8 weight rows in flight (the memory-level parallelism that
 // streams weights near the bandwidth: with 2 rows the int8 LM head of the bench model read at 12.5 GB/s);
 // M > 1 tiles 2 weight rows x 4 activation rows, the rest of the rows one by one.
-template <typename A, typename T11, typename T81, typename T21, typename T24>
-void run(const A& a, const QuantizedRows& x, T11 t11, T81 t81, T21 t21, T24 t24) {
+template <class W, bool PER_BLOCK>
+void run(const QArgs& a, const QuantizedRows& x) {
   const int64_t R = a.M == 1 ? 8 : 2;
   at::parallel_for(0, a.N / R, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n = i * R;
       if (a.M == 1) {
-        t81(a, x, n, 0);
+        tile<W, PER_BLOCK, 8, 1>(a, x, n, 0);
         continue;
       }
       int64_t m = 0;
-      for (; m + 4 <= a.M; m += 4) t24(a, x, n, m);
-      for (; m < a.M; ++m) t21(a, x, n, m);
+      for (; m + 4 <= a.M; m += 4) tile<W, PER_BLOCK, 2, 4>(a, x, n, m);
+      for (; m < a.M; ++m) tile<W, PER_BLOCK, 2, 1>(a, x, n, m);
     }
   });
   for (int64_t n = (a.N / R) * R; n < a.N; ++n)
-    for (int64_t m = 0; m < a.M; ++m) t11(a, x, n, m);
+    for (int64_t m = 0; m < a.M; ++m) tile<W, PER_BLOCK, 1, 1>(a, x, n, m);
 }
 
 void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& b, int64_t N) {
@@ -220,18 +212,29 @@ void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tenso
                 "quantized linear: bias [N] float32 expected");
 }
 
+// d [N]: one scale per output channel; d [N, K/32]: per block, with m [N, K/32] (zero points) or without.
 torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const c10::optional<torch::Tensor>& b) {
+                        const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(), "linear_q8: int8 q [N, K]");
   const int64_t N = q.size(0), K = q.size(1);
-  TORCH_CHECK(d.numel() == N && d.scalar_type() == at::kFloat && d.is_contiguous(), "linear_q8: d [N] float32");
+  const bool per_block = d.dim() == 2;
+  TORCH_CHECK(d.scalar_type() == at::kFloat && d.is_contiguous() &&
+              (per_block ? d.size(0) == N && d.size(1) == K / QK : d.numel() == N),
+              "linear_q8: d [N] or [N, K/32] float32");
+  const bool has_m = m.has_value() && m->defined();
+  TORCH_CHECK(!has_m || (per_block && m->sizes() == d.sizes() && m->scalar_type() == at::kFloat && m->is_contiguous()),
+              "linear_q8: m [N, K/32] float32, with per-block d");
   check_x(x, K, b, N);
   auto y = torch::empty({x.size(0), N}, x.options());
   const bool has_b = b.has_value() && b->defined();
-  const Q8Args a{q.data_ptr<int8_t>(), d.data_ptr<float>(), has_b ? b->data_ptr<float>() : nullptr,
-                 y.data_ptr<float>(), x.size(0), K, N};
+  const QArgs a{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), K, d.data_ptr<float>(),
+                has_m ? m->data_ptr<float>() : nullptr, has_b ? b->data_ptr<float>() : nullptr,
+                y.data_ptr<float>(), x.size(0), K, N};
   const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, K);
-  run(a, xq, q8_tile<1, 1>, q8_tile<8, 1>, q8_tile<2, 1>, q8_tile<2, 4>);
+  if (per_block)
+    run<S8, true>(a, xq);
+  else
+    run<S8, false>(a, xq);
   return y;
 }
 
@@ -245,10 +248,10 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const to
   check_x(x, K, b, N);
   auto y = torch::empty({x.size(0), N}, x.options());
   const bool has_b = b.has_value() && b->defined();
-  const Q4Args a{q.data_ptr<uint8_t>(), d.data_ptr<float>(), m.data_ptr<float>(),
-                 has_b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0), K, N};
+  const QArgs a{q.data_ptr<uint8_t>(), K / 2, d.data_ptr<float>(), m.data_ptr<float>(),
+                has_b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0), K, N};
   const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, K);
-  run(a, xq, q4_tile<1, 1>, q4_tile<8, 1>, q4_tile<2, 1>, q4_tile<2, 4>);
+  run<U4, true>(a, xq);
   return y;
 }
 
@@ -280,8 +283,10 @@ torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const to
 }  // namespace
 
 void register_qgemm(pybind11::module& mod) {
-  mod.def("linear_q8", &linear_q8, "y = x W^T (+ b), W int8 per channel, activations int8 per 32-block",
-          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("b") = pybind11::none());
+  mod.def("linear_q8", &linear_q8,
+          "y = x W^T (+ b), W int8 per channel (d [N]) or per 32-block (d, m [N, K/32]), activations int8 per 32-block",
+          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m") = pybind11::none(),
+          pybind11::arg("b") = pybind11::none());
   mod.def("linear_q4", &linear_q4, "y = x W^T (+ b), W int4 per 32-block (d, m), activations int8 per 32-block",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
           pybind11::arg("b") = pybind11::none());
