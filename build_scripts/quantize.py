@@ -53,6 +53,7 @@ SCALE_GRID = 20
 CLIP_RATIOS = [1.0 - 0.05 * i for i in range(11)]
 MAX_ROWS = 1024        # calibration rows kept per input for the error (mean |x| uses every token)
 NO_CLIP = ("q_proj", "k_proj")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def log(msg: str) -> None:
@@ -264,10 +265,11 @@ def quantize_checkpoint(a, out: Path) -> dict:
     cfg = json.loads((a.model / "config.json").read_text())
     if "quantization_config" in cfg:
         raise SystemExit(f"{a.model} is already quantized ({cfg['quantization_config'].get('quant_method')})")
+    if cfg.get("model_type") not in MODEL_TYPES:
+        raise SystemExit(f"model_type {cfg.get('model_type')!r}: only {MODEL_TYPES} are supported (their norms are "
+                         "x * w right before the projections, so scales fold into them)")
     model = tf.AutoModelForCausalLM.from_pretrained(str(a.model), dtype=torch.float32).eval()
     layers = model.model.layers
-    if not all(hasattr(layer, "mlp") and hasattr(layer.mlp, "up_proj") for layer in layers):
-        raise SystemExit(f"{cfg.get('architectures')}: only Llama-family decoders (q/k/v/o, gate/up/down) are supported")
     sizes = sorted({m.weight.shape[1] for _, m in projections(model)})
     if a.group_size != -1 and any(k % a.group_size for k in sizes):
         raise SystemExit(f"--group-size {a.group_size} must divide every projection's input size {sizes}")
@@ -275,6 +277,8 @@ def quantize_checkpoint(a, out: Path) -> dict:
     if a.method == "awq":
         ids = calibration_ids(a.model, a.calib, a.calib_samples, a.calib_len)
         log(f"calibration: {ids.numel()} tokens ({ids.shape[0]} x {ids.shape[1]}) from {a.calib}")
+        with torch.no_grad():
+            before = model(ids[:1]).logits
         stats = collect(model, ids)
         grouped = model.config.num_key_value_heads != model.config.num_attention_heads
         for i, layer in enumerate(layers):
@@ -282,6 +286,11 @@ def quantize_checkpoint(a, out: Path) -> dict:
             r = [e for e in report if e["layer"] == f"model.layers.{i}"]
             log(f"layer {i + 1}/{len(layers)}: output MSE vs RTN " +
                 ", ".join(f"{e['group']} {e['scaled_mse'] / max(e['rtn_mse'], 1e-30):.2f}x" for e in r))
+        with torch.no_grad():
+            after = model(ids[:1]).logits
+        if not torch.allclose(after, before, rtol=1e-3, atol=1e-3 * float(before.abs().max())):
+            raise SystemExit(f"the scaled float model's logits moved by {float((after - before).abs().max()):.3g}: "
+                             "not written")
     q = quantize_model(model, a, clips)
     writer = write_awq if a.format == "awq" else write_compressed_tensors
     qcfg = writer(model, q, a.model, out, a)
@@ -295,7 +304,7 @@ def quantize_checkpoint(a, out: Path) -> dict:
     verify(out, q)
     summary = {"format": a.format, "method": a.method, "bits": a.bits, "group_size": a.group_size,
                "symmetric": a.symmetric, "calib": a.calib if a.method == "awq" else None,
-               "calib_tokens": a.calib_samples * a.calib_len if a.method == "awq" else 0, "layers": report,
+               "calib_tokens": int(ids.numel()) if a.method == "awq" else 0, "layers": report,
                "seconds": round(time.monotonic() - start, 1)}
     (out / "quantize_report.json").write_text(json.dumps(summary, indent=2) + "\n")
     log(f"wrote {a.format}, {a.bits}-bit, group {a.group_size}, {a.method} in {summary['seconds']} s")
@@ -311,6 +320,8 @@ def _stamp(a) -> str:
     base_stamp = a.model / STAMP
     h.update(base_stamp.read_bytes() if base_stamp.is_file() else
              b"".join(f.read_bytes() for f in sorted(a.model.glob("*.safetensors"))))
+    if a.method == "awq":  # the calibration text itself, as tokens (the demo corpus or a file may change)
+        h.update(calibration_ids(a.model, a.calib, a.calib_samples, a.calib_len).numpy().tobytes())
     h.update(json.dumps({k: str(v) for k, v in sorted(vars(a).items()) if k not in ("out", "force")}).encode())
     return h.hexdigest()
 

@@ -70,7 +70,6 @@ def _activation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (d.repeat_interleave(32, dim=1) / 2) @ w.abs().t()
 
 
-@native
 def _int8_groups(w: torch.Tensor, group: int, zeros: bool) -> Int8Weight:
     """A checkpoint's 8-bit groups (codes 0..255 with zero points, or symmetric about 128)."""
     from tritonllm.engine.quant_writer import contiguous_groups, rtn
@@ -79,6 +78,7 @@ def _int8_groups(w: torch.Tensor, group: int, zeros: bool) -> Int8Weight:
     return Int8Weight.from_codes(codes, s, z, group, native=ext)
 
 
+@native
 @pytest.mark.parametrize("kind", ["int8", "int4", "int4_g128_sym", "int8_g64_zeros", "int8_g32_sym"])
 def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation_rounding(kind):
     torch.manual_seed(1)
@@ -90,6 +90,8 @@ def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation
     if kind.startswith("int8_g"):
         assert q.d.shape == (n, k // 32) and (q.m is not None) == kind.endswith("zeros")
         assert int(q.q.min()) < -64 and int(q.q.max()) > 64                # codes use the signed range
+        if kind.endswith("zeros"):
+            assert int(q.q.min()) == -128                                   # |-128| as maddubs' unsigned 128
     wd = q.dequant()
     for m in (1, 3, 4, 5, 9, cpu_kernels.MAX_ROWS):
         x = torch.randn(m, k)

@@ -52,11 +52,12 @@ def _args(ckpt: Path, **kw):
     return type("Args", (), p)()
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2])
-def test_awq_scaling_keeps_the_float_model_and_beats_rtn_on_the_calibration_data(tmp_path, kv_heads):
+@pytest.mark.parametrize("arch,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2), ("qwen3", 2)])
+def test_awq_scaling_keeps_the_float_model_and_beats_rtn_on_the_calibration_data(tmp_path, arch, kv_heads):
+    """qwen2: q/k/v biases and a tied LM head; qwen3: q/k norms after the projections."""
     import transformers as tf
 
-    path = _with_tokenizer(Path(make_checkpoint(tmp_path / "m", "llama", **{**SHAPE, "num_key_value_heads": kv_heads})))
+    path = _with_tokenizer(Path(make_checkpoint(tmp_path / "m", arch, **{**SHAPE, "num_key_value_heads": kv_heads})))
     a = _args(path)
     model = tf.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     ids = quantize.calibration_ids(path, a.calib, a.calib_samples, a.calib_len)

@@ -118,7 +118,7 @@ class Transformer:
                     if isinstance(weight, torch.Tensor):
                         setattr(self.layers[-1], name, quantize(weight, mode, quant_group_size, sym, self.native))
                     else:  # a checkpoint's own codes (AWQ / GPTQ / compressed-tensors)
-                        weight.native = self.native
+                        weight.native = self.native if weight.shape[1] % 32 == 0 else None  # the kernels' block
         if quantization in ("int8", "int4", "int4_sym"):  # the LM head in int8: the largest matrix of small models
             self.lm_head = quantize(self.lm_head, "int8", native=self.native)
         inv_freq, self.rope_scale = rope_inv_freq(spec, device)

@@ -1,6 +1,8 @@
 """INT8 and INT4 weights: round-to-nearest quantization, the packed layouts, dequantization, and the matmul.
 
-- ``Int8Weight``: symmetric per output channel: codes -127..127, ``d = amax(row) / 127``; weight = d * q.
+- ``Int8Weight``: symmetric per output channel: codes -127..127, ``d = amax(row) / 127``; weight = d * q
+  (``quantization: int8``); from a checkpoint's 8-bit groups, codes -128..127 with a scale and a zero share
+  per 32-element block (``from_codes``).
 - ``Int4Weight``: per group of ``group_size`` (32, 64 or 128) along K: codes 0..15, weight = d * (q - z);
   asymmetric (``z`` from the group's min and max, as AWQ / GPTQ with zeros) or symmetric (``z = 8``,
   ``d = amax / 7``). Stored in 32-element blocks for the native kernel: nibbles packed two per byte in
@@ -109,7 +111,7 @@ class Int8Weight(_Packed):
         return self
 
     def layout(self) -> tuple:
-        return (self.d.dim(), self.m is not None)
+        return (self.d.dim(), self.m is not None, self.group_size if self.d.dim() == 2 else None)
 
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.d.dim() == 1:

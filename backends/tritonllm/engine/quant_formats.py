@@ -16,8 +16,9 @@ AutoGPTQ's ``QuantLinear.pack`` through their users' copies):
 - compressed-tensors ``pack-quantized`` (``quant_method: compressed-tensors``, as llm-compressor writes it;
   read from compressed_tensors 0.20.1 ``compressors/pack_quantized``), 4 or 8 bits: ``weight_packed`` int32
   [out, in * bits / 32], element i at bits ``bits * i`` of the row, stored as the signed code + 2^(bits-1);
-  ``weight_scale`` [out, in / group]; asymmetric: ``weight_zero_point`` int32 [out / 8, groups], packed the
-  same way along the output dimension; symmetric: zero point 0 (8 once offset); weight = (q - z) * s.
+  ``weight_scale`` [out, in / group]; asymmetric: ``weight_zero_point`` int32 [out * bits / 32, groups],
+  packed the same way along the output dimension; symmetric: zero point 0 (2^(bits-1) once offset);
+  weight = (q - z) * s.
   One weight-only config group (strategy group or channel), no activation quantization, no g_idx.
 
 8-bit codes become Int8Weight: one scale per channel when symmetric over whole rows, else scales and zero

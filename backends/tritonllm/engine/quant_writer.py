@@ -39,13 +39,13 @@ def rtn(w: torch.Tensor, cols: torch.Tensor, bits: int = 4, symmetric: bool = Fa
         amax = g.abs().amax(dim=2)
         if clip is not None:
             amax = amax * clip
-        s = (amax / (qmax // 2)).clamp(min=1e-8).half().float()
+        s = (amax / (qmax // 2)).half().float().clamp(min=2.0 ** -24)     # fp16's smallest: stored as is
         z = torch.full_like(s, float((qmax + 1) // 2))
     else:
         lo, hi = g.amin(dim=2).clamp(max=0), g.amax(dim=2).clamp(min=0)
         if clip is not None:
             lo, hi = lo * clip, hi * clip
-        s = ((hi - lo) / qmax).clamp(min=1e-8).half().float()
+        s = ((hi - lo) / qmax).half().float().clamp(min=2.0 ** -24)
         z = torch.round(-lo / s).clamp(0, qmax)
     q = torch.round(g / s[..., None] + z[..., None]).clamp(0, qmax)
     codes = torch.empty(w.shape, dtype=torch.int64)

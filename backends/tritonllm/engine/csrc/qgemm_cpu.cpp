@@ -33,7 +33,7 @@ namespace {
 using tritonllm::hsum;
 constexpr int QK = 32;
 
-// x [M, K] -> int8 codes, per-block scales d and d * sum(codes) (for the int4 zero points).
+// x [M, K] -> int8 codes, per-block scales d and d * sum(codes) (for the weights' zero points, m).
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d, ds;
@@ -83,7 +83,9 @@ inline __m256 dot_u8s8(__m256i w, __m256i xv) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
-inline __m256 dot_s8s8(__m256i w, __m256i xv) {  // |w| x sign(x, w): maddubs wants one unsigned side
+// |w| x sign(x, w): maddubs wants one unsigned side. A weight code of -128 is safe: sign(w, w) leaves 0x80,
+// read as unsigned 128, and a pair sums to at most 2 * 128 * 127 = 32512 < 32767 (activations stay in +-127).
+inline __m256 dot_s8s8(__m256i w, __m256i xv) {
   const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
