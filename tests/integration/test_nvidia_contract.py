@@ -251,8 +251,10 @@ def test_nvidia_metrics_follow_load_and_the_gateway_readings_are_right(triton_se
     urllib.request.urlopen(urllib.request.Request(logging_url, data=b'{"log_verbose_level":1}'), timeout=10)
     _, before = _scrape(triton_server)
     n = 24
+    # long enough that the load outlasts several ~0.5 s metric publications even on a fast machine (48 tokens
+    # each finished between two of them there)
     threads = [threading.Thread(target=stream_request, args=(triton_server.grpc_url, "tensorrt_llm",
-                                                            ids_tensors(_ids(30, 100 + i), 48)), daemon=True)
+                                                            ids_tensors(_ids(30, 100 + i), 320)), daemon=True)
                for i in range(n)]
     for t in threads:
         t.start()
