@@ -20,17 +20,23 @@ native = pytest.mark.skipif(ext is None, reason="native CPU kernels unavailable 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
 
 
-def test_int4_packing_round_trips_in_llama_cpp_order():
-    w = torch.randn(3, 64)
+def test_int4_layout_interleaves_eight_rows_per_block():
+    torch.manual_seed(0)
+    w = torch.randn(11, 64)                                                 # 2 groups of 8 rows, the last padded
     q = Int4Weight(w, 32)
     codes = q.codes()
-    assert codes.shape == (3, 64) and int(codes.max()) <= 15
-    first_block = q.q[0, :16]
-    assert torch.equal(first_block & 0x0F, codes[0, :16].to(torch.uint8))     # element j low nibble
-    assert torch.equal(first_block >> 4, codes[0, 16:32].to(torch.uint8))     # element j + 16 high nibble
-    d = q.d.reshape(3, 2)[:, :, None]
-    assert torch.allclose(q.dequant(), (codes.float().reshape(3, 2, 32) * d + q.m.reshape(3, 2)[:, :, None])
-                          .reshape(3, 64))
+    assert codes.shape == (11, 64) and int(codes.max()) <= 15 and q.qx.shape == (2, 2, 4, 32)
+    for g, blk, t, r, j in ((0, 0, 0, 0, 0), (0, 1, 3, 7, 3), (1, 0, 2, 2, 1), (1, 1, 1, 2, 2)):
+        byte = int(q.qx[g, blk, t, 4 * r + j])
+        assert byte & 0x0F == codes[8 * g + r, 32 * blk + 4 * t + j]        # input 4t + j: low nibble
+        assert byte >> 4 == codes[8 * g + r, 32 * blk + 4 * (t + 4) + j]   # input 4(t + 4) + j: high nibble
+    assert int(q.qx[1, :, :, 12:].max()) == 0 and float(q.dx[1, :, 3:].abs().max()) == 0  # padding rows
+    d = q.d.reshape(11, 2)[:, :, None]
+    assert torch.allclose(q.dequant(), (codes.float().reshape(11, 2, 32) * d + q.m.reshape(11, 2)[:, :, None])
+                          .reshape(11, 64))
+    fused = Int4Weight.cat([q, Int4Weight(w[:5], 32)])                      # not whole groups: repacked
+    assert fused.shape == (16, 64) and torch.equal(fused.codes(), torch.cat([codes, codes[:5]]))
+    assert torch.equal(fused.dequant(), torch.cat([q.dequant(), q.dequant()[:5]]))
 
 
 @pytest.mark.parametrize("group,symmetric", [(32, False), (64, False), (128, True), (32, True)])

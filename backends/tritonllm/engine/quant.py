@@ -5,9 +5,8 @@
   per 32-element block (``from_codes``).
 - ``Int4Weight``: per group of ``group_size`` (32, 64 or 128) along K: codes 0..15, weight = d * (q - z);
   asymmetric (``z`` from the group's min and max, as AWQ / GPTQ with zeros) or symmetric (``z = 8``,
-  ``d = amax / 7``). Stored in 32-element blocks for the native kernel: nibbles packed two per byte in
-  llama.cpp's Q4 order (byte j of a block holds element j low, element j + 16 high), and per block
-  ``d`` and ``m = -d * z`` (a group of 64 / 128 repeats its d and m over its blocks).
+  ``d = amax / 7``). Stored for the native kernel with 8 rows interleaved per 32-element block (the class
+  docstring), ``d`` and ``m = -d * z`` per block (a group of 64 / 128 repeats its d and m over its blocks).
 
 ``matmul(x, b)``: with the native kernels (fp32 CPU, ``cpu_kernels`` auto / native) and at most
 ``cpu_kernels.MAX_ROWS`` rows, ``csrc/qgemm_cpu.cpp`` multiplies with int8 dot products, the activations
@@ -46,11 +45,16 @@ class _Packed:
             (p.perm is not None and first.perm is not None and torch.equal(p.perm, first.perm)) for p in parts)
         if not same:
             return RowStack(parts)
+        return cls._fuse(parts)
+
+    @classmethod
+    def _fuse(cls, parts: list):
+        """Parts of the same layout and input order, stacked row-wise."""
         self = cls.__new__(cls)
-        self.__dict__.update(first.__dict__)
-        self.shape = (sum(p.shape[0] for p in parts), first.shape[1])
+        self.__dict__.update(parts[0].__dict__)
+        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
         for name in self.TENSORS:
-            if getattr(first, name) is not None:
+            if getattr(parts[0], name) is not None:
                 setattr(self, name, torch.cat([getattr(p, name) for p in parts]).contiguous())
         return self
 
@@ -136,7 +140,13 @@ class Int8Weight(_Packed):
 
 
 class Int4Weight(_Packed):
-    TENSORS = ("q", "d", "m")
+    """Codes 0..15 with a scale d and a zero share m = -d * z per row and 32-element block (a group of 64 / 128
+    repeats its pair over its blocks), stored for the native kernel (``linear_q4x8``) with 8 rows interleaved:
+    rows in groups of 8 (the last padded with zero rows), per group and block 4 chunks of 32 bytes, byte
+    4r + j of chunk t holding row r's code for input 4t + j in the low nibble and 4(t + 4) + j in the high
+    one; ``dx``, ``mx`` [groups, blocks, 8]. ``d``, ``m`` and ``codes()`` give them back per row."""
+
+    TENSORS = ("qx", "dx", "mx")
 
     def __init__(self, w: torch.Tensor, group_size: int = 32, symmetric: bool = False, native=None) -> None:
         if group_size not in GROUP_SIZES:
@@ -154,7 +164,9 @@ class Int4Weight(_Packed):
             d = ((hi - lo) / 15.0).clamp(min=1e-12)
             z = torch.round(-lo / d).clamp(0, 15)
         q = torch.round(g / d[..., None] + z[..., None]).clamp(0, 15).to(torch.uint8).reshape(n, k)
-        self._set(q, d, z, group_size, symmetric, native)
+        rep = group_size // QK
+        self._set(q, d.repeat_interleave(rep, dim=1), (-d * z).repeat_interleave(rep, dim=1), group_size, native)
+        self.symmetric = symmetric
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, d: torch.Tensor, z: torch.Tensor, group_size: int,
@@ -166,27 +178,58 @@ class Int4Weight(_Packed):
         if group_size % QK or k % group_size:
             raise ValueError(f"int4 groups of {group_size} over {k} inputs: need a multiple of 32 dividing the input size")
         self = cls.__new__(cls)
-        self._set(codes.to(torch.uint8), d.float(), z.float(), group_size, False, native)
+        rep = group_size // QK
+        d, z = d.float(), z.float()
+        self._set(codes.to(torch.uint8), d.repeat_interleave(rep, dim=1), (-d * z).repeat_interleave(rep, dim=1),
+                  group_size, native)
         self.perm = None if perm is None else perm.to(torch.long).contiguous()
         return self
 
-    def _set(self, q, d, z, group_size, symmetric, native) -> None:
+    def _set(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int, native) -> None:
+        """q [N, K] codes, d and m [N, K / 32] per block."""
         n, k = q.shape
-        self.shape, self.group_size, self.symmetric, self.native, self.perm = (n, k), group_size, symmetric, native, None
-        rep = group_size // QK
-        self.d = d.repeat_interleave(rep, dim=1).contiguous()                  # [N, K / 32]
-        self.m = (-d * z).repeat_interleave(rep, dim=1).contiguous()
-        blocks = q.reshape(n, k // QK, QK)
-        self.q = (blocks[..., :QK // 2] | (blocks[..., QK // 2:] << 4)).reshape(n, k // 2).contiguous()
+        self.shape, self.group_size, self.symmetric, self.native, self.perm = (n, k), group_size, False, native, None
+        groups, nb = -(-n // 8), k // QK
+        pad = groups * 8 - n
+        if pad:
+            q = torch.cat((q, q.new_zeros(pad, k)))
+            d, m = (torch.cat((t, t.new_zeros(pad, nb))) for t in (d, m))
+        c = q.to(torch.uint8).reshape(groups, 8, nb, 8, 4).permute(0, 2, 3, 1, 4)   # [G, nb, t, r, j]
+        self.qx = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(groups, nb, 4, 32).contiguous()
+        self.dx = d.float().reshape(groups, 8, nb).transpose(1, 2).contiguous()
+        self.mx = m.float().reshape(groups, 8, nb).transpose(1, 2).contiguous()
+
+    @classmethod
+    def _fuse(cls, parts: list):
+        if all(p.shape[0] % 8 == 0 for p in parts):  # whole groups: the interleaved layouts stack as they are
+            return super()._fuse(parts)
+        self = cls.__new__(cls)
+        self._set(torch.cat([p.codes() for p in parts]), torch.cat([p.d for p in parts]),
+                  torch.cat([p.m for p in parts]), parts[0].group_size, parts[0].native)
+        self.perm, self.symmetric = parts[0].perm, parts[0].symmetric
+        return self
 
     def layout(self) -> tuple:
         return (self.group_size,)
 
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(1, 2).reshape(-1, t.shape[1])[: self.shape[0]]
+
+    @property
+    def d(self) -> torch.Tensor:
+        """Scales [N, K / 32], per row and block."""
+        return self._rows(self.dx)
+
+    @property
+    def m(self) -> torch.Tensor:
+        return self._rows(self.mx)
+
     def codes(self) -> torch.Tensor:
         """The unpacked codes [N, K] (0..15), in the stored input order."""
         n, k = self.shape
-        b = self.q.reshape(n, k // QK, QK // 2)
-        return torch.cat((b & 0x0F, b >> 4), dim=2).reshape(n, k)
+        p = self.qx.reshape(self.qx.shape[0], k // QK, 4, 8, 4)
+        c = torch.cat((p & 0x0F, p >> 4), dim=2)                                     # [G, nb, t, r, j]
+        return c.permute(0, 3, 1, 2, 4).reshape(-1, k)[:n]
 
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight [N, K] in the model's input order."""
@@ -196,12 +239,14 @@ class Int4Weight(_Packed):
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.native is not None and native_rows(x):
-            return self.native.linear_q4(self._stored_order(x).contiguous(), self.q, self.d, self.m, b)
+            return self.native.linear_q4x8(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
+                                           self.shape[0])
         return _torch_linear(x, self.dequant(x.dtype), b)
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + (self.d.numel() + self.m.numel()) * 4 // (self.group_size // QK)
+        n, k = self.shape
+        return n * k // 2 + n * (k // QK) * 8 // (self.group_size // QK)
 
 
 class RowStack:

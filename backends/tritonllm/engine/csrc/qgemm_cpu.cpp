@@ -10,8 +10,7 @@
 // Layouts (written by engine/quant.py), K a multiple of 32, blocks of 32 along K:
 //   int8: q [N, K] int8 (-128..127), d [N] fp32 per output channel (symmetric), or d [N, K / 32] per block
 //         with optional m [N, K / 32] (checkpoints' 8-bit groups with zero points: weight = d * q + m).
-//   int4: q [N, K / 2] uint8; the 16 bytes of block b of row n hold element j in the low nibble and element
-//         j + 16 in the high nibble (llama.cpp's Q4 order); weight = d[n, b] * q + m[n, b], q in 0..15
+//   int4: 8 rows interleaved per 32-block (see linear_q4x8); weight = d[n, b] * q + m[n, b], q in 0..15
 //         (m = -d * zero point; symmetric weights have zero point 8).
 //   fp8:  q [N, K] uint8 (float8_e4m3fn bits), d [N] fp32 per output channel; converted in registers and
 //         multiplied in fp32: exactly the float matmul of the dequantized weights (no activation rounding), at
@@ -24,7 +23,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 #include "vec_avx2.h"
 
@@ -78,10 +79,6 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
 
 inline __m256i load32(const int8_t* x) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)); }
 
-inline __m256 dot_u8s8(__m256i w, __m256i xv) {
-  const __m256i p16 = _mm256_maddubs_epi16(w, xv);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
 
 // |w| x sign(x, w): maddubs wants one unsigned side. A weight code of -128 is safe: sign(w, w) leaves 0x80,
 // read as unsigned 128, and a pair sums to at most 2 * 128 * 127 = 32512 < 32767 (activations stay in +-127).
@@ -90,12 +87,6 @@ inline __m256 dot_s8s8(__m256i w, __m256i xv) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
-inline __m256i unpack_q4(const uint8_t* p) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-  return _mm256_set_m128i(hi, lo);
-}
 
 // Weight codes of one 32-element block: loaded once per block and row, multiplied with MB activation blocks.
 struct S8 {  // int8 codes, 32 bytes a block
@@ -103,12 +94,6 @@ struct S8 {  // int8 codes, 32 bytes a block
   static __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static __m256 dot(__m256i w, __m256i xv) { return dot_s8s8(w, xv); }
 };
-struct U4 {  // int4 codes 0..15, 16 bytes a block (Q4 order)
-  static constexpr int BYTES = 16;
-  static __m256i load(const uint8_t* p) { return unpack_q4(p); }
-  static __m256 dot(__m256i w, __m256i xv) { return dot_u8s8(w, xv); }
-};
-
 // w: codes, row_bytes apart; d: one scale per row (PER_BLOCK false) or per row and block [N, K/32]; m: the
 // zero points' share per row and block (m = -d * zero), or null.
 struct QArgs { const uint8_t* w; int64_t row_bytes; const float* d; const float* m; const float* b; float* y;
@@ -240,20 +225,81 @@ torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& q, const to
   return y;
 }
 
-torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const torch::Tensor& m, const c10::optional<torch::Tensor>& b) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous(), "linear_q4: uint8 q [N, K/2]");
-  const int64_t N = q.size(0), K = q.size(1) * 2;
-  TORCH_CHECK(d.dim() == 2 && d.size(0) == N && d.size(1) == K / QK && d.scalar_type() == at::kFloat &&
-              d.is_contiguous() && m.sizes() == d.sizes() && m.scalar_type() == at::kFloat && m.is_contiguous(),
-              "linear_q4: d, m [N, K/32] float32");
+// int4 codes 0..15 of 8 rows interleaved (Int4Weight's layout, engine/quant.py): rows in groups of 8 (N
+// padded with zero rows), per group g and 32-block b, 4 chunks of 32 bytes: byte 4r + j of chunk t holds row
+// r's code for input 4t + j (low nibble) and 4(t + 4) + j (high nibble); d, m [G, nb, 8] per row and block.
+// One 32-bit lane per row: maddubs of a chunk's codes with the activations' 4 codes of that chunk broadcast to
+// every lane, so a block's 32 multiply-adds of 8 rows take 8 maddubs and no horizontal sums, and its scale
+// is one vector multiply. The 8 maddubs add up in int16 without overflow: each lane is at most
+// 2 * 15 * 127 = 3810, eight of them 30480 < 32767 (activation codes stay in +-127).
+struct Q4x8Args { const uint8_t* w; const float* d; const float* m; const float* b; float* y; int64_t M, K, N; };
+
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <int MB>
+inline void q4x8_tile(const Q4x8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
+  const int64_t nb = a.K / QK;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const uint8_t* wg = a.w + g * nb * 128;
+  const float* dg = a.d + g * nb * 8;
+  const float* mg = a.m + g * nb * 8;
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    __m256i s16[MB];
+    for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
+    for (int t = 0; t < 4; ++t) {
+      const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 128 + t * 32));
+      const __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+      for (int m = 0; m < MB; ++m) {
+        const int8_t* xb = x.q.data() + (m0 + m) * a.K + blk * QK;
+        s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(lo, bcast4(xb + 4 * t)));
+        s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(hi, bcast4(xb + 4 * (t + 4))));
+      }
+    }
+    const __m256 dv = _mm256_loadu_ps(dg + blk * 8), mv = _mm256_loadu_ps(mg + blk * 8);
+    for (int m = 0; m < MB; ++m) {
+      const int64_t row = m0 + m;
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[m], ones));
+      acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row * nb + blk])), acc[m]);
+      acc[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.ds[row * nb + blk]), acc[m]);
+    }
+  }
+  const int64_t n0 = g * 8, rows = std::min<int64_t>(8, a.N - n0);
+  for (int m = 0; m < MB; ++m) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[m]);
+    float* y = a.y + (m0 + m) * a.N + n0;
+    for (int64_t r = 0; r < rows; ++r) y[r] = a.b ? out[r] + a.b[n0 + r] : out[r];
+  }
+}
+
+torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                          const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == 4 && q.size(3) == 32 && q.scalar_type() == at::kByte && q.is_contiguous(),
+              "linear_q4x8: uint8 q [G, K/32, 4, 32]");
+  const int64_t G = q.size(0), K = q.size(1) * QK;
+  TORCH_CHECK(N > 0 && N <= G * 8 && N > (G - 1) * 8, "linear_q4x8: N must fill the last group of 8 rows");
+  for (const auto* t : {&d, &m})
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == G && t->size(1) == K / QK && t->size(2) == 8 &&
+                t->scalar_type() == at::kFloat && t->is_contiguous(), "linear_q4x8: d, m [G, K/32, 8] float32");
   check_x(x, K, b, N);
   auto y = torch::empty({x.size(0), N}, x.options());
   const bool has_b = b.has_value() && b->defined();
-  const QArgs a{q.data_ptr<uint8_t>(), K / 2, d.data_ptr<float>(), m.data_ptr<float>(),
-                has_b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0), K, N};
+  const Q4x8Args a{q.data_ptr<uint8_t>(), d.data_ptr<float>(), m.data_ptr<float>(),
+                   has_b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0), K, N};
   const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, K);
-  run<U4, true>(a, xq);
+  at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      int64_t mm = 0;
+      for (; mm + 4 <= a.M; mm += 4) q4x8_tile<4>(a, xq, g, mm);
+      for (; mm < a.M; ++mm) q4x8_tile<1>(a, xq, g, mm);
+    }
+  });
   return y;
 }
 
@@ -289,9 +335,9 @@ void register_qgemm(pybind11::module& mod) {
           "y = x W^T (+ b), W int8 per channel (d [N]) or per 32-block (d, m [N, K/32]), activations int8 per 32-block",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m") = pybind11::none(),
           pybind11::arg("b") = pybind11::none());
-  mod.def("linear_q4", &linear_q4, "y = x W^T (+ b), W int4 per 32-block (d, m), activations int8 per 32-block",
+  mod.def("linear_q4x8", &linear_q4x8, "y = x W^T (+ b), W int4 per 32-block, 8 rows interleaved, activations int8 per 32-block",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
-          pybind11::arg("b") = pybind11::none());
+          pybind11::arg("b") = pybind11::none(), pybind11::arg("N"));
   mod.def("linear_f8", &linear_f8, "y = x W^T (+ b), W float8_e4m3fn per channel, converted in registers",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("lut"),
           pybind11::arg("b") = pybind11::none());
