@@ -108,7 +108,10 @@ def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation
         err = (y.double() - ref).abs()
         assert (err <= bound * 1.0001 + 1e-4).all(), (kind, m, float((err - bound).max()))
         assert float(err.max()) > 0  # the int8 path really ran (the float fallback would be ~exact)
-    x = torch.randn(cpu_kernels.MAX_ROWS + 1, k)   # prefill-sized: dequantized float matmul
+    x = torch.randn(cpu_kernels.MAX_ROWS + 1, k)   # prefill-sized: the natively dequantized weight, fp32 GEMM
+    assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5)
+    q.native = None                                                         # cpu_kernels torch: the float model
+    x = torch.randn(7, k)
     assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5)
 
 

@@ -10,10 +10,11 @@
 
 ``matmul(x, b)``: with the native kernels (fp32 CPU, ``cpu_kernels`` auto / native) and at most
 ``cpu_kernels.MAX_ROWS`` rows, ``csrc/qgemm_cpu.cpp`` multiplies with int8 dot products, the activations
-quantized per row and 32-element block to int8 (d = amax / 127). That rounding is the only difference from
-the float matmul of the dequantized weights: per output it is at most sum_k |w_k| d_k / 2 (tests bound it).
-Otherwise (prefill, other dtypes or devices, ``cpu_kernels: torch``) the weight is dequantized to the
-compute dtype for the call and multiplied by torch: exactly the float model of the dequantized weights.
+quantized per row and 32-element block to int8 (d = amax / 127), as llama.cpp's quantized matmuls do. That
+rounding is the only difference from the float matmul of the dequantized weights: per output it is at most
+sum_k |w_k| d_k / 2 (tests bound it). Above (prefill) the kernels dequantize the weight natively and
+oneDNN's fp32 GEMM multiplies (faster there than the int8 dot products, which are bound by maddubs); other
+dtypes or devices and ``cpu_kernels: torch`` dequantize in torch: exactly the float model either way.
 """
 from __future__ import annotations
 
@@ -72,20 +73,32 @@ class _Packed:
         return x if self.perm is None else x.index_select(1, self.perm)
 
 
-class Int8Weight(_Packed):
-    """int8 codes q [N, K] (-128..127) and either one scale per output channel (d [N], weight = d * q: what
-    ``quantization: int8`` makes) or, from a checkpoint's 8-bit groups, scales d and zero shares m per
-    32-element block (d, m [N, K / 32], weight = d * q + m)."""
+def _interleave(rows: torch.Tensor, k_chunks: int) -> torch.Tensor:
+    """[G * 8, nb * 32] per-row bytes -> [G, nb, 8 rows, 32 / k_chunks ...]: see the kernels' X8Args."""
+    g8, k = rows.shape
+    return rows.reshape(g8 // 8, 8, k // QK, k_chunks, QK // k_chunks).permute(0, 2, 3, 1, 4)  # [G, nb, t, r, j]
 
-    TENSORS = ("q", "d", "m")
+
+def _pad_rows(t: torch.Tensor, groups: int) -> torch.Tensor:
+    pad = groups * 8 - t.shape[0]
+    return torch.cat((t, t.new_zeros(pad, *t.shape[1:]))) if pad else t
+
+
+class Int8Weight(_Packed):
+    """int8 codes (-128..127) and either one scale per output channel (weight = d * q: what
+    ``quantization: int8`` makes) or, from a checkpoint's 8-bit groups, a scale and a zero share per row and
+    32-element block (weight = d * q + m). Stored for the native kernel (``linear_q8x8``) with 8 rows
+    interleaved: rows in groups of 8 (the last padded with zero rows), per group and block 8 chunks of 32
+    bytes, byte 4r + j of chunk t holding row r's code for input 4t + j; inputs padded with zeros to a
+    multiple of 32. ``q``, ``d``, ``m`` give them back per row."""
+
+    TENSORS = ("qx", "dx", "mx")
 
     def __init__(self, w: torch.Tensor, native=None) -> None:
         w = w.float()
-        self.shape = tuple(w.shape)
-        self.d = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).contiguous()
-        self.q = torch.round(w / self.d[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.m, self.group_size = None, w.shape[1]
-        self.native = native if w.shape[1] % QK == 0 else None
+        d = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q = torch.round(w / d[:, None]).clamp(-127, 127).to(torch.int8)
+        self._set(q, d, None, w.shape[1], native)
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, d: torch.Tensor, z: torch.Tensor | None, group_size: int,
@@ -96,47 +109,92 @@ class Int8Weight(_Packed):
         n, k = codes.shape
         if k % group_size:
             raise ValueError(f"int8 groups of {group_size} do not divide the input size {k}")
-        self = cls.__new__(cls)
-        self.shape, self.group_size, self.perm = (n, k), group_size, None if perm is None else perm.to(torch.long)
-        self.q = (codes.to(torch.int16) - 128).to(torch.int8).contiguous()
+        q = (codes.to(torch.int16) - 128).to(torch.int8)
         d = d.float().reshape(n, k // group_size)
         zero_share = None if z is None else d * (128.0 - z.float().reshape(n, k // group_size))
         if zero_share is not None and not zero_share.any():  # symmetric: no zero points' share to add
             zero_share = None
+        self = cls.__new__(cls)
         if group_size == k and zero_share is None:
-            self.d, self.m = d.reshape(n).contiguous(), None
+            self._set(q, d.reshape(n), None, group_size, native)
         elif group_size % QK:
             raise ValueError(f"int8 groups of {group_size} with their own scales: need a multiple of 32")
         else:
             rep = group_size // QK
-            self.d = d.repeat_interleave(rep, dim=1).contiguous()
-            self.m = None if zero_share is None else zero_share.repeat_interleave(rep, dim=1).contiguous()
+            self._set(q, d.repeat_interleave(rep, dim=1),
+                      None if zero_share is None else zero_share.repeat_interleave(rep, dim=1), group_size, native)
+        self.perm = None if perm is None else perm.to(torch.long)
+        return self
+
+    def _set(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group_size: int, native) -> None:
+        """q [N, K] signed codes; d [N] (per row) or [N, K / 32] with m [N, K / 32] or None."""
+        n, k = q.shape
+        self.shape, self.group_size, self.perm = (n, k), group_size, None
         self.native = native if k % QK == 0 else None
+        groups, kp = -(-n // 8), -(-k // QK) * QK
+        q = _pad_rows(q.to(torch.int8), groups)
+        if kp != k:
+            q = torch.cat((q, q.new_zeros(q.shape[0], kp - k)), dim=1)
+        self.qx = _interleave(q, 8).reshape(groups, kp // QK, 8, 32).contiguous()
+        per_row = lambda t: _pad_rows(t.float(), groups).reshape(groups, 8, -1).transpose(1, 2).contiguous()  # noqa: E731
+        self.dx = _pad_rows(d.float(), groups).reshape(groups, 8).contiguous() if d.dim() == 1 else per_row(d)
+        self.mx = None if m is None else per_row(m)
+
+    @classmethod
+    def _fuse(cls, parts: list):
+        if all(p.shape[0] % 8 == 0 for p in parts):  # whole groups: the interleaved layouts stack as they are
+            return super()._fuse(parts)
+        first = parts[0]
+        self = cls.__new__(cls)
+        self._set(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]),
+                  None if first.mx is None else torch.cat([p.m for p in parts]), first.group_size, first.native)
+        self.perm = first.perm
         return self
 
     def layout(self) -> tuple:
-        return (self.d.dim(), self.m is not None, self.group_size if self.d.dim() == 2 else None)
+        return (self.dx.dim(), self.mx is not None, self.group_size if self.dx.dim() == 3 else None)
+
+    @property
+    def q(self) -> torch.Tensor:
+        """Signed codes [N, K], in the stored input order."""
+        n, k = self.shape
+        g, nb = self.qx.shape[:2]
+        return self.qx.reshape(g, nb, 8, 8, 4).permute(0, 3, 1, 2, 4).reshape(g * 8, nb * QK)[:n, :k]
+
+    @property
+    def d(self) -> torch.Tensor:
+        """Scales [N] (per row) or [N, K / 32] (per row and block)."""
+        n = self.shape[0]
+        return self.dx.reshape(-1)[:n] if self.dx.dim() == 2 else self.dx.transpose(1, 2).reshape(-1, self.dx.shape[1])[:n]
+
+    @property
+    def m(self) -> torch.Tensor | None:
+        return None if self.mx is None else self.mx.transpose(1, 2).reshape(-1, self.mx.shape[1])[: self.shape[0]]
 
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self.d.dim() == 1:
-            w = self.q.float() * self.d[:, None]
+        n, k = self.shape
+        q, d = self.q.float(), self.d
+        if d.dim() == 1:
+            w = q * d[:, None]
         else:
-            n, k = self.shape
-            w = self.q.float().reshape(n, k // QK, QK) * self.d[..., None]
-            if self.m is not None:
-                w = w + self.m[..., None]
-            w = w.reshape(n, k)
+            w = (q.reshape(n, k // QK, QK) * d[..., None] + (0 if self.mx is None else self.m[..., None])).reshape(n, k)
         return self._in_model_order(w).to(dtype)
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if self.native is not None and _native_prefill(x):
+            return _torch_linear(self._stored_order(x), self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0]), b)
         if self.native is not None and native_rows(x):
-            return self.native.linear_q8(self._stored_order(x).contiguous(), self.q, self.d, self.m, b)
+            return self.native.linear_q8x8(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
+                                           self.shape[0])
         return _torch_linear(x, self.dequant(x.dtype), b)
 
     @property
     def nbytes(self) -> int:
-        extra = self.d.numel() + (0 if self.m is None else self.m.numel())  # per group, repeated per block
-        return self.q.numel() + extra * 4 // (1 if self.d.dim() == 1 else self.group_size // QK)
+        n, k = self.shape
+        if self.dx.dim() == 2:
+            return n * k + n * 4
+        per_group = (1 if self.mx is None else 2) * 4 * (k // self.group_size)
+        return n * k + n * per_group
 
 
 class Int4Weight(_Packed):
@@ -190,14 +248,10 @@ class Int4Weight(_Packed):
         n, k = q.shape
         self.shape, self.group_size, self.symmetric, self.native, self.perm = (n, k), group_size, False, native, None
         groups, nb = -(-n // 8), k // QK
-        pad = groups * 8 - n
-        if pad:
-            q = torch.cat((q, q.new_zeros(pad, k)))
-            d, m = (torch.cat((t, t.new_zeros(pad, nb))) for t in (d, m))
-        c = q.to(torch.uint8).reshape(groups, 8, nb, 8, 4).permute(0, 2, 3, 1, 4)   # [G, nb, t, r, j]
+        c = _interleave(_pad_rows(q.to(torch.uint8), groups), 8)                # [G, nb, t, r, j]
         self.qx = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(groups, nb, 4, 32).contiguous()
-        self.dx = d.float().reshape(groups, 8, nb).transpose(1, 2).contiguous()
-        self.mx = m.float().reshape(groups, 8, nb).transpose(1, 2).contiguous()
+        self.dx, self.mx = (_pad_rows(t.float(), groups).reshape(groups, 8, nb).transpose(1, 2).contiguous()
+                            for t in (d, m))
 
     @classmethod
     def _fuse(cls, parts: list):
@@ -238,6 +292,8 @@ class Int4Weight(_Packed):
         return self._in_model_order((q * self.d[..., None] + self.m[..., None]).reshape(n, k)).to(dtype)
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if self.native is not None and _native_prefill(x):
+            return _torch_linear(self._stored_order(x), self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0]), b)
         if self.native is not None and native_rows(x):
             return self.native.linear_q4x8(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
                                            self.shape[0])
@@ -283,6 +339,11 @@ def quantize(w: torch.Tensor, mode: str, group_size: int = 32, symmetric: bool =
     if mode == "int4":
         return Int4Weight(w, group_size, symmetric, native)
     raise ValueError(f"quantization mode must be one of {MODES}, got {mode!r}")
+
+
+def _native_prefill(x: torch.Tensor) -> bool:
+    """Past the few-row kernels' rows on fp32 CPU: oneDNN's fp32 GEMM over the natively dequantized weight."""
+    return x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and not native_rows(x)
 
 
 def _torch_linear(x, w, b):

@@ -8,10 +8,7 @@
 // tests bound the error against the fp32 matmul of the dequantized weights.
 //
 // Layouts (written by engine/quant.py), K a multiple of 32, blocks of 32 along K:
-//   int8: q [N, K] int8 (-128..127), d [N] fp32 per output channel (symmetric), or d [N, K / 32] per block
-//         with optional m [N, K / 32] (checkpoints' 8-bit groups with zero points: weight = d * q + m).
-//   int4: 8 rows interleaved per 32-block (see linear_q4x8); weight = d[n, b] * q + m[n, b], q in 0..15
-//         (m = -d * zero point; symmetric weights have zero point 8).
+//   int8 / int4: 8 rows interleaved per 32-block (see X8Args).
 //   fp8:  q [N, K] uint8 (float8_e4m3fn bits), d [N] fp32 per output channel; converted in registers and
 //         multiplied in fp32: exactly the float matmul of the dequantized weights (no activation rounding), at
 //         1 byte per weight read. Conversion: the code's exponent and mantissa bits placed at the bottom of an
@@ -77,71 +74,11 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
   return r;
 }
 
-inline __m256i load32(const int8_t* x) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)); }
 
 
-// |w| x sign(x, w): maddubs wants one unsigned side. A weight code of -128 is safe: sign(w, w) leaves 0x80,
-// read as unsigned 128, and a pair sums to at most 2 * 128 * 127 = 32512 < 32767 (activations stay in +-127).
-inline __m256 dot_s8s8(__m256i w, __m256i xv) {
-  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
 
 
 // Weight codes of one 32-element block: loaded once per block and row, multiplied with MB activation blocks.
-struct S8 {  // int8 codes, 32 bytes a block
-  static constexpr int BYTES = 32;
-  static __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  static __m256 dot(__m256i w, __m256i xv) { return dot_s8s8(w, xv); }
-};
-// w: codes, row_bytes apart; d: one scale per row (PER_BLOCK false) or per row and block [N, K/32]; m: the
-// zero points' share per row and block (m = -d * zero), or null.
-struct QArgs { const uint8_t* w; int64_t row_bytes; const float* d; const float* m; const float* b; float* y;
-               int64_t M, K, N; };
-
-// sum over blocks of m[n, b] * (d * sum(codes))[row, b]: the zero points' share, apart from the hot loop.
-inline float mins(const QArgs& a, const QuantizedRows& x, int64_t n, int64_t row) {
-  const int64_t nb = a.K / QK, nb8 = nb & ~int64_t(7);
-  const float* mw = a.m + n * nb;
-  const float* ds = x.ds.data() + row * nb;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb8; b += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(mw + b), _mm256_loadu_ps(ds + b), acc);
-  float s = hsum(acc);
-  for (int64_t b = nb8; b < nb; ++b) s += mw[b] * ds[b];
-  return s;
-}
-
-// Outputs (m0 .. m0+MB) x (n .. n+R): each weight block is loaded once for MB activation rows and each
-// activation block once for R weight rows.
-template <class W, bool PER_BLOCK, int R, int MB>
-inline void tile(const QArgs& a, const QuantizedRows& x, int64_t n, int64_t m0) {
-  const int64_t nb = a.K / QK;
-  __m256 acc[R][MB];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    __m256i w[R];
-    float dw[R];
-    for (int r = 0; r < R; ++r) {
-      w[r] = W::load(a.w + (n + r) * a.row_bytes + blk * W::BYTES);
-      dw[r] = PER_BLOCK ? a.d[(n + r) * nb + blk] : 1.f;
-    }
-    for (int m = 0; m < MB; ++m) {
-      const int64_t row = m0 + m;
-      const __m256i xv = load32(x.q.data() + row * a.K + blk * QK);
-      const float dx = x.d[row * nb + blk];
-      for (int r = 0; r < R; ++r)
-        acc[r][m] = _mm256_fmadd_ps(W::dot(w[r], xv), _mm256_set1_ps(PER_BLOCK ? dw[r] * dx : dx), acc[r][m]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MB; ++m) {
-      float s = hsum(acc[r][m]) * (PER_BLOCK ? 1.f : a.d[n + r]);
-      if (a.m) s += mins(a, x, n + r, m0 + m);
-      a.y[(m0 + m) * a.N + n + r] = a.b ? s + a.b[n + r] : s;
-    }
-}
-
 struct F8Args { const uint8_t* w; const float* dw; const float* lut; const float* x; const float* b; float* y;
                 int64_t M, K, N; };
 
@@ -168,28 +105,6 @@ inline void f8_row(const F8Args& a, int64_t n, int64_t m0) {
   }
 }
 
-// Rows of W split across threads. M = 1 keeps 8 weight rows in flight (the memory-level parallelism that
-// streams weights near the bandwidth: with 2 rows the int8 LM head of the bench model read at 12.5 GB/s);
-// M > 1 tiles 2 weight rows x 4 activation rows, the rest of the rows one by one.
-template <class W, bool PER_BLOCK>
-void run(const QArgs& a, const QuantizedRows& x) {
-  const int64_t R = a.M == 1 ? 8 : 2;
-  at::parallel_for(0, a.N / R, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t n = i * R;
-      if (a.M == 1) {
-        tile<W, PER_BLOCK, 8, 1>(a, x, n, 0);
-        continue;
-      }
-      int64_t m = 0;
-      for (; m + 4 <= a.M; m += 4) tile<W, PER_BLOCK, 2, 4>(a, x, n, m);
-      for (; m < a.M; ++m) tile<W, PER_BLOCK, 2, 1>(a, x, n, m);
-    }
-  });
-  for (int64_t n = (a.N / R) * R; n < a.N; ++n)
-    for (int64_t m = 0; m < a.M; ++m) tile<W, PER_BLOCK, 1, 1>(a, x, n, m);
-}
-
 void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& b, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "quantized linear: contiguous float32 x [M, K] expected");
@@ -199,40 +114,16 @@ void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tenso
                 "quantized linear: bias [N] float32 expected");
 }
 
-// d [N]: one scale per output channel; d [N, K/32]: per block, with m [N, K/32] (zero points) or without.
-torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(), "linear_q8: int8 q [N, K]");
-  const int64_t N = q.size(0), K = q.size(1);
-  const bool per_block = d.dim() == 2;
-  TORCH_CHECK(d.scalar_type() == at::kFloat && d.is_contiguous() &&
-              (per_block ? d.size(0) == N && d.size(1) == K / QK : d.numel() == N),
-              "linear_q8: d [N] or [N, K/32] float32");
-  const bool has_m = m.has_value() && m->defined();
-  TORCH_CHECK(!has_m || (per_block && m->sizes() == d.sizes() && m->scalar_type() == at::kFloat && m->is_contiguous()),
-              "linear_q8: m [N, K/32] float32, with per-block d");
-  check_x(x, K, b, N);
-  auto y = torch::empty({x.size(0), N}, x.options());
-  const bool has_b = b.has_value() && b->defined();
-  const QArgs a{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), K, d.data_ptr<float>(),
-                has_m ? m->data_ptr<float>() : nullptr, has_b ? b->data_ptr<float>() : nullptr,
-                y.data_ptr<float>(), x.size(0), K, N};
-  const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, K);
-  if (per_block)
-    run<S8, true>(a, xq);
-  else
-    run<S8, false>(a, xq);
-  return y;
-}
-
-// int4 codes 0..15 of 8 rows interleaved (Int4Weight's layout, engine/quant.py): rows in groups of 8 (N
-// padded with zero rows), per group g and 32-block b, 4 chunks of 32 bytes: byte 4r + j of chunk t holds row
-// r's code for input 4t + j (low nibble) and 4(t + 4) + j (high nibble); d, m [G, nb, 8] per row and block.
-// One 32-bit lane per row: maddubs of a chunk's codes with the activations' 4 codes of that chunk broadcast to
-// every lane, so a block's 32 multiply-adds of 8 rows take 8 maddubs and no horizontal sums, and its scale
-// is one vector multiply. The 8 maddubs add up in int16 without overflow: each lane is at most
-// 2 * 15 * 127 = 3810, eight of them 30480 < 32767 (activation codes stay in +-127).
-struct Q4x8Args { const uint8_t* w; const float* d; const float* m; const float* b; float* y; int64_t M, K, N; };
+// Weights of 8 rows interleaved per 32-block (layouts written by engine/quant.py): rows in groups of 8 (N
+// padded with zero rows), one 32-bit lane per row. Chunk t of a block holds, at byte 4r + j, row r's code(s)
+// for input 4t + j; maddubs with the activations' 4 codes of that chunk broadcast to every lane gives each
+// row's partial dot product in its own lane: no horizontal sums, and a block's scales are one vector
+// multiply for 8 rows.
+//   int8: 8 chunks of 32 bytes per group and block, codes -128..127; d [G, 8] per row, or d and m
+//         [G, nb, 8] per row and block (checkpoints' 8-bit groups: weight = d * q + m).
+//   int4: 4 chunks of 32 bytes, the low nibble for input 4t + j, the high one for 4(t + 4) + j; codes 0..15,
+//         d and m [G, nb, 8] (weight = d * q + m, m = -d * zero point).
+struct X8Args { const uint8_t* w; const float* d; const float* m; const float* b; float* y; int64_t M, K, N; };
 
 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
@@ -241,7 +132,62 @@ inline __m256i bcast4(const int8_t* p) {
 }
 
 template <int MB>
-inline void q4x8_tile(const Q4x8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
+inline void store8(const X8Args& a, const __m256 (&acc)[MB], int64_t g, int64_t m0) {
+  const int64_t n0 = g * 8, rows = std::min<int64_t>(8, a.N - n0);
+  for (int m = 0; m < MB; ++m) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[m]);
+    float* y = a.y + (m0 + m) * a.N + n0;
+    for (int64_t r = 0; r < rows; ++r) y[r] = a.b ? out[r] + a.b[n0 + r] : out[r];
+  }
+}
+
+// int8: maddubs wants one unsigned side, so |w| x sign(x, w). A code of -128 is safe: sign(w, w) leaves 0x80,
+// read as unsigned 128, and a pair sums to at most 2 * 128 * 127 = 32512 < 32767 (activations stay in +-127);
+// two pairs may not, so each chunk is widened to int32 (madd) before it is added.
+template <bool PER_BLOCK, int MB>
+inline void q8x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
+  const int64_t nb = a.K / QK;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* wg = a.w + g * nb * 256;
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    __m256i s32[MB];
+    for (int m = 0; m < MB; ++m) s32[m] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; ++t) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 256 + t * 32));
+      const __m256i aw = _mm256_sign_epi8(w, w);
+      for (int m = 0; m < MB; ++m) {
+        const __m256i xs = _mm256_sign_epi8(bcast4(x.q.data() + (m0 + m) * a.K + blk * QK + 4 * t), w);
+        s32[m] = _mm256_add_epi32(s32[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      const int64_t row = m0 + m;
+      const __m256 dot = _mm256_cvtepi32_ps(s32[m]);
+      if (PER_BLOCK) {
+        const __m256 dv = _mm256_loadu_ps(a.d + (g * nb + blk) * 8);
+        acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row * nb + blk])), acc[m]);
+        if (a.m)
+          acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a.m + (g * nb + blk) * 8), _mm256_set1_ps(x.ds[row * nb + blk]),
+                                   acc[m]);
+      } else {
+        acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(x.d[row * nb + blk]), acc[m]);
+      }
+    }
+  }
+  if (!PER_BLOCK) {
+    const __m256 dv = _mm256_loadu_ps(a.d + g * 8);
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
+  }
+  store8<MB>(a, acc, g, m0);
+}
+
+// int4: the 8 maddubs of a block add up in int16 without overflow: each lane is at most 2 * 15 * 127 = 3810,
+// eight of them 30480 < 32767.
+template <int MB>
+inline void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
   const int64_t nb = a.K / QK;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const uint8_t* wg = a.w + g * nb * 128;
@@ -269,38 +215,107 @@ inline void q4x8_tile(const Q4x8Args& a, const QuantizedRows& x, int64_t g, int6
       acc[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.ds[row * nb + blk]), acc[m]);
     }
   }
-  const int64_t n0 = g * 8, rows = std::min<int64_t>(8, a.N - n0);
-  for (int m = 0; m < MB; ++m) {
-    float out[8];
-    _mm256_storeu_ps(out, acc[m]);
-    float* y = a.y + (m0 + m) * a.N + n0;
-    for (int64_t r = 0; r < rows; ++r) y[r] = a.b ? out[r] + a.b[n0 + r] : out[r];
-  }
+  store8<MB>(a, acc, g, m0);
+}
+
+template <class Tile1, class Tile4, class Tile8>
+torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, Tile1 tile1, Tile4 tile4, Tile8 tile8, int64_t G) {
+  auto y = torch::empty({x.size(0), base.N}, x.options());
+  X8Args a = base;
+  a.y = y.data_ptr<float>();
+  a.M = x.size(0);
+  const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, a.K);
+  at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      int64_t mm = 0;
+      for (; mm + 8 <= a.M; mm += 8) tile8(a, xq, g, mm);
+      for (; mm + 4 <= a.M; mm += 4) tile4(a, xq, g, mm);
+      for (; mm < a.M; ++mm) tile1(a, xq, g, mm);
+    }
+  });
+  return y;
+}
+
+void check_x8(const torch::Tensor& q, int64_t chunks, c10::ScalarType dtype, int64_t N, const char* name) {
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == chunks && q.size(3) == 32 && q.scalar_type() == dtype && q.is_contiguous(),
+              name, ": q [G, K/32, ", chunks, ", 32] expected");
+  TORCH_CHECK(N > (q.size(0) - 1) * 8 && N <= q.size(0) * 8, name, ": N must fill the last group of 8 rows");
+}
+
+void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, const char* name) {
+  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kFloat && t.is_contiguous(), name,
+              ": scales ", at::IntArrayRef(shape), " float32 expected, got ", t.sizes());
 }
 
 torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                           const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
-  TORCH_CHECK(q.dim() == 4 && q.size(2) == 4 && q.size(3) == 32 && q.scalar_type() == at::kByte && q.is_contiguous(),
-              "linear_q4x8: uint8 q [G, K/32, 4, 32]");
+  check_x8(q, 4, at::kByte, N, "linear_q4x8");
   const int64_t G = q.size(0), K = q.size(1) * QK;
-  TORCH_CHECK(N > 0 && N <= G * 8 && N > (G - 1) * 8, "linear_q4x8: N must fill the last group of 8 rows");
-  for (const auto* t : {&d, &m})
-    TORCH_CHECK(t->dim() == 3 && t->size(0) == G && t->size(1) == K / QK && t->size(2) == 8 &&
-                t->scalar_type() == at::kFloat && t->is_contiguous(), "linear_q4x8: d, m [G, K/32, 8] float32");
+  check_scales(d, {G, K / QK, 8}, "linear_q4x8 d");
+  check_scales(m, {G, K / QK, 8}, "linear_q4x8 m");
   check_x(x, K, b, N);
-  auto y = torch::empty({x.size(0), N}, x.options());
   const bool has_b = b.has_value() && b->defined();
-  const Q4x8Args a{q.data_ptr<uint8_t>(), d.data_ptr<float>(), m.data_ptr<float>(),
-                   has_b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0), K, N};
-  const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, K);
+  const X8Args a{q.data_ptr<uint8_t>(), d.data_ptr<float>(), m.data_ptr<float>(),
+                 has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N};
+  return run_x8(x, a, q4x8_tile<1>, q4x8_tile<4>, q4x8_tile<8>, G);
+}
+
+// d [G, 8]: one scale per row; d [G, K/32, 8]: per row and block, with m (zero shares) or without.
+torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                          const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+  check_x8(q, 8, at::kChar, N, "linear_q8x8");
+  const int64_t G = q.size(0), K = q.size(1) * QK;
+  const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
+  check_scales(d, per_block ? std::vector<int64_t>{G, K / QK, 8} : std::vector<int64_t>{G, 8}, "linear_q8x8 d");
+  TORCH_CHECK(!has_m || per_block, "linear_q8x8: m needs per-block d");
+  if (has_m) check_scales(*m, {G, K / QK, 8}, "linear_q8x8 m");
+  check_x(x, K, b, N);
+  const bool has_b = b.has_value() && b->defined();
+  const X8Args a{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), d.data_ptr<float>(),
+                 has_m ? m->data_ptr<float>() : nullptr, has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N};
+  if (per_block) return run_x8(x, a, q8x8_tile<true, 1>, q8x8_tile<true, 4>, q8x8_tile<true, 8>, G);
+  return run_x8(x, a, q8x8_tile<false, 1>, q8x8_tile<false, 4>, q8x8_tile<false, 8>, G);
+}
+
+// The float weight [N, K] of an interleaved int8 / int4 layout, for prefill-sized inputs: there oneDNN's fp32
+// GEMM outruns the int8 dot products (maddubs-bound) and needs the weight once per call (quant.py).
+torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c10::optional<torch::Tensor>& m,
+                         int64_t N) {
+  const bool int4 = q.scalar_type() == at::kByte;
+  check_x8(q, int4 ? 4 : 8, int4 ? at::kByte : at::kChar, N, "dequant_x8");
+  const int64_t G = q.size(0), nb = q.size(1), K = nb * QK;
+  const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
+  check_scales(d, per_block ? std::vector<int64_t>{G, nb, 8} : std::vector<int64_t>{G, 8}, "dequant_x8 d");
+  if (has_m) check_scales(*m, {G, nb, 8}, "dequant_x8 m");
+  auto w = torch::empty({N, K}, torch::kFloat);
+  const uint8_t* qp = static_cast<const uint8_t*>(q.data_ptr());  // int8 codes read as bytes, cast back below
+  const float* dp = d.data_ptr<float>();
+  const float* mp = has_m ? m->data_ptr<float>() : nullptr;
+  float* wp = w.data_ptr<float>();
   at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      int64_t mm = 0;
-      for (; mm + 4 <= a.M; mm += 4) q4x8_tile<4>(a, xq, g, mm);
-      for (; mm < a.M; ++mm) q4x8_tile<1>(a, xq, g, mm);
-    }
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t blk = 0; blk < nb; ++blk)
+        for (int r = 0; r < 8 && g * 8 + r < N; ++r) {
+          const float scale = per_block ? dp[(g * nb + blk) * 8 + r] : dp[g * 8 + r];
+          const float shift = mp ? mp[(g * nb + blk) * 8 + r] : 0.f;
+          float* row = wp + (g * 8 + r) * K + blk * QK;
+          if (int4) {
+            const uint8_t* c = qp + (g * nb + blk) * 128 + 4 * r;
+            for (int t = 0; t < 4; ++t)
+              for (int j = 0; j < 4; ++j) {
+                const uint8_t byte = c[t * 32 + j];
+                row[4 * t + j] = static_cast<float>(byte & 0x0F) * scale + shift;
+                row[4 * (t + 4) + j] = static_cast<float>(byte >> 4) * scale + shift;
+              }
+          } else {
+            const uint8_t* c = qp + (g * nb + blk) * 256 + 4 * r;
+            for (int t = 0; t < 8; ++t)
+              for (int j = 0; j < 4; ++j)
+                row[4 * t + j] = static_cast<float>(static_cast<int8_t>(c[t * 32 + j])) * scale + shift;
+          }
+        }
   });
-  return y;
+  return w;
 }
 
 torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
@@ -331,13 +346,16 @@ torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const to
 }  // namespace
 
 void register_qgemm(pybind11::module& mod) {
-  mod.def("linear_q8", &linear_q8,
-          "y = x W^T (+ b), W int8 per channel (d [N]) or per 32-block (d, m [N, K/32]), activations int8 per 32-block",
-          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m") = pybind11::none(),
-          pybind11::arg("b") = pybind11::none());
-  mod.def("linear_q4x8", &linear_q4x8, "y = x W^T (+ b), W int4 per 32-block, 8 rows interleaved, activations int8 per 32-block",
+  // every argument positional: m and b may be None (quant.py passes them all)
+  mod.def("linear_q8x8", &linear_q8x8,
+          "y = x W^T (+ b), W int8 8 rows interleaved, per row (d [G, 8]) or per 32-block (d, m [G, K/32, 8])",
+          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true),
+          pybind11::arg("b").none(true), pybind11::arg("N"));
+  mod.def("linear_q4x8", &linear_q4x8, "y = x W^T (+ b), W int4 8 rows interleaved per 32-block (d, m [G, K/32, 8])",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
-          pybind11::arg("b") = pybind11::none(), pybind11::arg("N"));
+          pybind11::arg("b").none(true), pybind11::arg("N"));
+  mod.def("dequant_x8", &dequant_x8, "the float weight [N, K] of an interleaved int8 / int4 layout",
+          pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true), pybind11::arg("N"));
   mod.def("linear_f8", &linear_f8, "y = x W^T (+ b), W float8_e4m3fn per channel, converted in registers",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("lut"),
           pybind11::arg("b") = pybind11::none());
