@@ -2,7 +2,8 @@
 
 Defaults come from the environment so ``make openai OPENAI_PORT=9000 GRPC_PORT=8001`` works:
 OPENAI_PORT (9000), GRPC_PORT (8001; the Triton gRPC endpoint is localhost:GRPC_PORT unless
---triton-url is given), OPENAI_TRITON_MODEL (tensorrt_llm_bls), TOKENIZER_DIR (deployment.yaml's llm.tokenizer_dir).
+--triton-url is given), OPENAI_TRITON_MODEL (tensorrt_llm_bls), TOKENIZER_DIR (deployment.yaml's llm.tokenizer_dir),
+TRITONLLM_API_KEY (--api-key: better than the flag, which other users of the machine can read in ps).
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
                    default=(os.environ.get("OPENAI_LORA_MODULES") or "").split(),
                    help="serve LoRA adapters of tensorrt_llm (its lora_adapters parameter) as model names, "
                         "e.g. python=1")
+    p.add_argument("--api-key", default=os.environ.get("TRITONLLM_API_KEY") or None,
+                   help="require 'Authorization: Bearer <key>' on /v1 routes (env TRITONLLM_API_KEY)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     try:
@@ -53,8 +56,10 @@ def main(argv=None) -> int:
         tokenizer_dir = None
     app = create_app(Settings(triton_url=args.triton_url, model=args.model, fallback=args.fallback or None,
                               tokenizer_dir=tokenizer_dir, served_model_name=args.served_model_name,
-                              default_max_tokens=args.default_max_tokens, lora_modules=lora_modules))
-    print(f"[openai_server] http://{args.host}:{args.port}/v1 -> Triton {args.triton_url} ({args.model})",
+                              default_max_tokens=args.default_max_tokens, lora_modules=lora_modules,
+                              api_key=args.api_key))
+    auth = "API key required" if args.api_key else "no API key (open)"
+    print(f"[openai_server] http://{args.host}:{args.port}/v1 -> Triton {args.triton_url} ({args.model}); {auth}",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -1,4 +1,5 @@
-"""The FastAPI application: /v1/models, /v1/completions, /v1/chat/completions (plain JSON or SSE), /health.
+"""The FastAPI application: /v1/models, /v1/completions, /v1/chat/completions (plain JSON or SSE), /health,
+/health_generate.
 
 Invariants:
 - A streamed response starts only after the first chunk arrived, so an error Triton reports before any
@@ -11,10 +12,16 @@ Invariants:
   module name (the same, with its ``lora_task_id``), or the name of a Triton text model
   (``tensorrt_llm_bls`` / ``ensemble``) to address it directly; anything else 404.
 - Request validation errors are 400 (OpenAI's status), not FastAPI's 422.
+- With an API key set, every ``/v1`` route needs ``Authorization: Bearer <key>`` (compared in constant time)
+  and answers 401 with OpenAI's error body (code ``invalid_api_key``) otherwise, as vLLM does; the health
+  routes stay open for probes. The key is never logged or echoed.
+- ``/health`` says the server and its Triton model are up; ``/health_generate`` (trtllm-serve's idea)
+  generates one token through Triton and the engine: 200, or 503 with the reason.
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from contextlib import asynccontextmanager
@@ -41,6 +48,8 @@ class Settings:
     served_model_name: str = "tritonllm"
     default_max_tokens: int = 256  # chat requests without max_tokens
     lora_modules: dict[str, int] = field(default_factory=dict)  # model name -> lora_task_id (vLLM's idea)
+    api_key: str | None = None  # required as a Bearer token on /v1 routes when set
+    health_generate_timeout_s: float = 30.0
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -65,6 +74,17 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="tritonllm OpenAI-compatible API", lifespan=lifespan)
     app.state.settings, app.state.triton, app.state.tools = settings, triton, tools
+
+    @app.middleware("http")
+    async def _require_api_key(request: Request, call_next):
+        if settings.api_key and request.url.path.startswith("/v1"):
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+                message = ("Incorrect API key provided" if token.strip() else
+                           "You didn't provide an API key: send it as 'Authorization: Bearer <key>'")
+                return JSONResponse(ApiError(401, message, code="invalid_api_key").body(), status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, e: ApiError):
@@ -116,6 +136,18 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/health")
     async def health():
         return {"status": "ok", "triton_model": await triton.resolve()}
+
+    @app.get("/health_generate")
+    async def health_generate():
+        try:
+            outcome = await asyncio.wait_for(run_to_end("Hello", GenerationParams(max_tokens=1), None),
+                                             settings.health_generate_timeout_s)
+        except asyncio.TimeoutError:
+            return JSONResponse({"status": "error", "error": f"no token in {settings.health_generate_timeout_s} s"},
+                                status_code=503)
+        except Exception as e:  # Triton or the engine down, model not ready: what a probe needs to see
+            return JSONResponse({"status": "error", "error": str(e) or type(e).__name__}, status_code=503)
+        return {"status": "ok", "triton_model": await triton.resolve(), "completion_tokens": outcome.completion_tokens}
 
     @app.get("/v1/models")
     async def models():

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -27,17 +28,17 @@ TOKENIZER_DIR = ROOT / "build" / "models" / "demo"
 PROMPT = "Once upon a time"
 
 
-@pytest.fixture(scope="module")
-def openai_url(triton_server):
+def _openai_server(triton_server, env: dict | None = None):
+    """``python -m clients.openai_server`` on a free port; yields (url, log path), stops it afterwards."""
     (port,) = find_free_ports(1)
     log_path = ROOT / "build" / "logs" / f"pytest-openai-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
-             "--triton-url", triton_server.grpc_url, "--tokenizer-dir", str(TOKENIZER_DIR), "--log-level", "warning",
+             "--triton-url", triton_server.grpc_url, "--tokenizer-dir", str(TOKENIZER_DIR), "--log-level", "info",
              "--lora-modules", "python=1"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -51,13 +52,19 @@ def openai_url(triton_server):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"OpenAI server did not start:\n{log_path.read_text()[-3000:]}", pytrace=False)
             time.sleep(0.3)
-        yield url
+        yield url, log_path
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def openai_url(triton_server):
+    for url, _ in _openai_server(triton_server):
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +196,64 @@ def test_errors_map_to_http_statuses(client):
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=4, n=2)
+
+
+API_KEY = "sk-test-7f3a9c"  # what the keyed server requires (given through TRITONLLM_API_KEY, not argv)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(triton_server):
+    yield from _openai_server(triton_server, {"TRITONLLM_API_KEY": API_KEY})
+
+
+def test_an_api_key_guards_every_v1_route_and_is_never_logged(keyed_server):
+    url, log_path = keyed_server
+    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-wrong", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError) as e:
+        wrong.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=2)
+    assert e.value.status_code == 401 and e.value.code == "invalid_api_key", e.value
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=b"{}", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:  # no Authorization header (the SDK always sends one)
+        urllib.request.urlopen(req, timeout=10)
+    body = json.loads(e.value.read())
+    assert e.value.code == 401 and body["error"]["code"] == "invalid_api_key" and API_KEY not in json.dumps(body)
+    good = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    out = good.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=4, temperature=0)
+    assert out.usage.completion_tokens == 4
+    assert [m.id for m in good.models.list().data][0] == "tritonllm"
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as r:  # probes need no key
+        assert r.status == 200
+    log = log_path.read_text()
+    assert "API key required" in log and API_KEY not in log
+
+
+def test_health_generate_runs_one_token_through_triton(openai_url, keyed_server):
+    for url in (openai_url, keyed_server[0]):
+        with urllib.request.urlopen(f"{url}/health_generate", timeout=60) as r:
+            body = json.loads(r.read())
+        assert r.status == 200 and body["status"] == "ok" and body["completion_tokens"] == 1, body
+
+
+def test_health_generate_is_503_with_the_reason_when_triton_is_down():
+    port, dead = find_free_ports(2)  # nothing listens on `dead`
+    proc = subprocess.Popen([sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
+                             "--triton-url", f"127.0.0.1:{dead}", "--tokenizer-dir", "", "--log-level", "warning"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=40)
+                pytest.fail("health_generate answered 200 with no Triton behind it")
+            except urllib.error.HTTPError as e:
+                body = json.loads(e.read())
+                assert e.code == 503 and body["status"] == "error" and body["error"], body
+                break
+            except OSError:  # not listening yet
+                assert proc.poll() is None and time.monotonic() < deadline, "OpenAI server did not start"
+                time.sleep(0.3)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
