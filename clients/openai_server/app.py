@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat
                                              completion_logprobs, new_id, sum_usage)
 from clients.openai_server.triton import TritonText
 from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams
+
+
+log = logging.getLogger("openai_server")
 
 
 @dataclass
@@ -79,7 +83,9 @@ def create_app(settings: Settings) -> FastAPI:
     async def _require_api_key(request: Request, call_next):
         if settings.api_key and request.url.path.startswith("/v1"):
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+            # header values arrive decoded as latin-1: encoding back gives the bytes the client sent
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1", "replace"),
+                                                                     settings.api_key.encode("utf-8")):
                 message = ("Incorrect API key provided" if token.strip() else
                            "You didn't provide an API key: send it as 'Authorization: Bearer <key>'")
                 return JSONResponse(ApiError(401, message, code="invalid_api_key").body(), status_code=401,
@@ -137,17 +143,30 @@ def create_app(settings: Settings) -> FastAPI:
     async def health():
         return {"status": "ok", "triton_model": await triton.resolve()}
 
+    probe = {"lock": asyncio.Lock(), "at": 0.0, "answer": None}
+
     @app.get("/health_generate")
     async def health_generate():
+        """Open for probes, so one generation at a time and its answer reused for a second: callers cannot
+        load the engine through it. Details of a failure go to the log, not to the unauthenticated caller."""
+        async with probe["lock"]:
+            if probe["answer"] is None or time.monotonic() - probe["at"] > 1.0:
+                probe["answer"], probe["at"] = await _generate_one(), time.monotonic()
+            status, body = probe["answer"]
+        return JSONResponse(body, status_code=status)
+
+    async def _generate_one() -> tuple[int, dict]:
         try:
             outcome = await asyncio.wait_for(run_to_end("Hello", GenerationParams(max_tokens=1), None),
                                              settings.health_generate_timeout_s)
+            return 200, {"status": "ok", "triton_model": await triton.resolve(),
+                         "completion_tokens": outcome.completion_tokens}
         except asyncio.TimeoutError:
-            return JSONResponse({"status": "error", "error": f"no token in {settings.health_generate_timeout_s} s"},
-                                status_code=503)
+            reason = f"no token in {settings.health_generate_timeout_s} s"
         except Exception as e:  # Triton or the engine down, model not ready: what a probe needs to see
-            return JSONResponse({"status": "error", "error": str(e) or type(e).__name__}, status_code=503)
-        return {"status": "ok", "triton_model": await triton.resolve(), "completion_tokens": outcome.completion_tokens}
+            log.warning("health_generate: %s", e)
+            reason = f"generation failed ({type(e).__name__})"
+        return 503, {"status": "error", "error": reason}
 
     @app.get("/v1/models")
     async def models():

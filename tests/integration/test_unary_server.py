@@ -81,7 +81,8 @@ def test_nvidia_stop_request_in_unary_mode(unary_server):
         client.async_infer("tensorrt_llm", grpc_inputs(ids_tensors(list(range(20, 32)), 2000)),
                            callback=lambda result, error: done.put((result, error)), request_id="unary-stop")
         deadline = time.monotonic() + 30
-        while llm_metrics(unary_server.metrics_url).get("llm_requests_running", 0) < 1 and time.monotonic() < deadline:
+        while llm_metrics(unary_server.metrics_url).get("llm_requests_running", 0) < 1:
+            assert time.monotonic() < deadline, "the request never showed as running"
             time.sleep(0.05)  # stop it once it runs (published every ~0.5 s), not after a fixed sleep
         stop = {"input_ids": np.empty([1, 1], np.int32), "input_lengths": np.zeros([1, 1], np.int32),
                 "request_output_len": np.array([[0]], np.int32), "stop": np.array([[True]])}

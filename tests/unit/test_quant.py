@@ -109,7 +109,9 @@ def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation
         assert (err <= bound * 1.0001 + 1e-4).all(), (kind, m, float((err - bound).max()))
         assert float(err.max()) > 0  # the int8 path really ran (the float fallback would be ~exact)
     x = torch.randn(cpu_kernels.MAX_ROWS + 1, k)   # prefill-sized: the natively dequantized weight, fp32 GEMM
-    assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5)
+    calls = []
+    q.native = type("Counting", (), {"dequant_x8": lambda self, *a: calls.append(1) or ext.dequant_x8(*a)})()
+    assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5) and calls == [1]
     q.native = None                                                         # cpu_kernels torch: the float model
     x = torch.randn(7, k)
     assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5)

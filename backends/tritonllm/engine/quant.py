@@ -74,7 +74,8 @@ class _Packed:
 
 
 def _interleave(rows: torch.Tensor, k_chunks: int) -> torch.Tensor:
-    """[G * 8, nb * 32] per-row bytes -> [G, nb, 8 rows, 32 / k_chunks ...]: see the kernels' X8Args."""
+    """[G * 8, nb * 32] per-row bytes -> [G, nb, t, r, j]: chunk t of block nb holds, at (r, j), row r's byte
+    for input t * (32 / k_chunks) + j (the kernels' X8Args; int4 then packs chunks t and t + 4 together)."""
     g8, k = rows.shape
     return rows.reshape(g8 // 8, 8, k // QK, k_chunks, QK // k_chunks).permute(0, 2, 3, 1, 4)  # [G, nb, t, r, j]
 

@@ -74,11 +74,6 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
   return r;
 }
 
-
-
-
-
-// Weight codes of one 32-element block: loaded once per block and row, multiplied with MB activation blocks.
 struct F8Args { const uint8_t* w; const float* dw; const float* lut; const float* x; const float* b; float* y;
                 int64_t M, K, N; };
 
@@ -106,8 +101,8 @@ inline void f8_row(const F8Args& a, int64_t n, int64_t m0) {
 }
 
 void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& b, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "quantized linear: contiguous float32 x [M, K] expected");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.is_contiguous() && x.is_cpu(),
+              "quantized linear: contiguous float32 x [M, K] on the CPU expected");
   TORCH_CHECK(K % QK == 0, "quantized linear: K must be a multiple of 32");
   if (b.has_value() && b->defined())
     TORCH_CHECK(b->dim() == 1 && b->size(0) == N && b->is_contiguous() && b->scalar_type() == at::kFloat,
@@ -237,13 +232,15 @@ torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, Tile1 tile1, Ti
 }
 
 void check_x8(const torch::Tensor& q, int64_t chunks, c10::ScalarType dtype, int64_t N, const char* name) {
-  TORCH_CHECK(q.dim() == 4 && q.size(2) == chunks && q.size(3) == 32 && q.scalar_type() == dtype && q.is_contiguous(),
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == chunks && q.size(3) == 32 && q.scalar_type() == dtype && q.is_contiguous() &&
+              q.is_cpu(),
               name, ": q [G, K/32, ", chunks, ", 32] expected");
   TORCH_CHECK(N > (q.size(0) - 1) * 8 && N <= q.size(0) * 8, name, ": N must fill the last group of 8 rows");
 }
 
 void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, const char* name) {
-  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kFloat && t.is_contiguous(), name,
+  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
+              name,
               ": scales ", at::IntArrayRef(shape), " float32 expected, got ", t.sizes());
 }
 
