@@ -82,6 +82,7 @@ class TritonServer:
         self.echo = False  # foreground CLI: also copy the server's output to our stdout
         self._launches = 0
         self.stub_watchdog = stub_watchdog
+        self.restarting = False  # a watchdog restart is under way (tests wait it out)
         self.watchdog: StubWatchdog | None = None
         if stub_watchdog is not None:
             self.watchdog = StubWatchdog(lambda: self.process.pid if self.process else None, self.http_url,
@@ -177,6 +178,13 @@ class TritonServer:
         """Drain and restart (the watchdog's last resort). SIGINT lets in-flight requests of healthy models
         finish; once Triton logs that no inference is in flight, the process group is killed at once rather
         than after the exit timeout (a version pinned by orphaned streams never finishes unloading)."""
+        self.restarting = True
+        try:
+            self._restart(timeout)
+        finally:
+            self.restarting = False
+
+    def _restart(self, timeout: float) -> None:
         proc = self.process
         if proc is not None and proc.poll() is None:
             mark = len(self.read_log())
