@@ -52,7 +52,9 @@ def _watchdog_events() -> int:
 
 def _stub_died_during(item):
     """rerunfailures' condition, asked after a failed attempt: did a server lose a stub meanwhile?"""
-    def condition(_error) -> bool:
+    def condition(error) -> bool:
+        if error is None:  # asked after passing attempts too: nothing to wait for
+            return False
         deadline = time.monotonic() + WATCHDOG_NOTICE_S
         while True:
             if _watchdog_events() != getattr(item, "_watchdog_events_at_start", None) or \
