@@ -70,12 +70,8 @@ DEFAULT_CONVERT_SCRIPT = "/app/tensorrt_llm/examples/models/core/llama/convert_c
 # 299) and tensorrt_llm/plugin/plugin.py at c20322ff (--lora_plugin 153, --use_*_fmha 252-256).
 QUANTIZE_SOURCE = "examples/quantization/quantize.py@c8c6df08bd0ead54cd47f7973e1e425c28a174cd"
 BUILD_SOURCE = "tensorrt_llm/commands/build.py@65f1d1533, tensorrt_llm/plugin/plugin.py@c20322ff"
-# of quantize.py's nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int8_wo int4_wo full_prec (names.fields("qformat"));
-# int8_wo / int4_wo export W8A16 / W4A16 (quantize_by_modelopt.py@042c510d)
-QUANTIZE_QFORMATS = ("fp8", "int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "int4_wo")
-QFORMATS = QUANTIZE_QFORMATS + ("checkpoint",)
+QUANTIZE_QFORMATS, QFORMATS, FP8_QFORMATS = QC.QUANTIZE_QFORMATS, QC.QFORMATS, QC.FP8_QFORMATS
 KV_CACHE_DTYPES = ("fp8", "int8", "auto")
-FP8_QFORMATS = ("fp8", "w4a8_awq")
 INT_MIN_SM = (8, 0)
 
 

@@ -205,7 +205,7 @@ def quantize_model(model, a, clips: dict) -> dict[str, tuple]:
     return out
 
 
-def write_awq(model, q: dict, src: Path, out: Path, a) -> dict:
+def write_awq(model, q: dict, out: Path, a) -> dict:
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
@@ -219,7 +219,7 @@ def write_awq(model, q: dict, src: Path, out: Path, a) -> dict:
             "modules_to_not_convert": None}
 
 
-def write_compressed_tensors(model, q: dict, src: Path, out: Path, a) -> dict:
+def write_compressed_tensors(model, q: dict, out: Path, a) -> dict:
     """The library packs and saves; the scales and zero points it packs with are ours."""
     try:
         from compressed_tensors.compressors import ModelCompressor
@@ -293,7 +293,7 @@ def quantize_checkpoint(a, out: Path) -> dict:
                              "not written")
     q = quantize_model(model, a, clips)
     writer = write_awq if a.format == "awq" else write_compressed_tensors
-    qcfg = writer(model, q, a.model, out, a)
+    qcfg = writer(model, q, out, a)
     for f in a.model.iterdir():  # tokenizer, generation config, chat template: everything but the weights
         if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", STAMP, "report.json")) \
                 and not (f.name == "config.json" and a.format == "compressed-tensors"):

@@ -80,6 +80,13 @@ TORCH_REFUSED = {
     "W4A16_MXFP4": "no dense Linear method (MoE experts only, from quant_method mxfp4)",
     "INT8": "a KV-cache algorithm, not a weight one (mode.py QUANT_ALGO_LIST leaves it out)",
 }
+# The legacy profile's qformats (one table: profiles/trtllm.py and build_trtllm_engine.py take it from here):
+# quantize.py --qformat values we build (of its nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int8_wo int4_wo
+# full_prec, names.fields("qformat"); int8_wo / int4_wo export W8A16 / W4A16, quantize_by_modelopt.py@042c510d),
+# plus checkpoint: a pre-quantized AWQ / GPTQ folder converted as is (legacy_check).
+QUANTIZE_QFORMATS = ("fp8", "int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "int4_wo")
+QFORMATS = QUANTIZE_QFORMATS + ("checkpoint",)
+FP8_QFORMATS = ("fp8", "w4a8_awq")  # compute in FP8: SM >= 8.9
 KV_CACHE_ALGOS = ("FP8", "NVFP4", "INT8")  # mode.py KV_CACHE_QUANT_ALGO_LIST
 _NO_KV = ("none", "null", "")              # llm_utils.py: spellings of "no KV-cache quantization"
 _FP8_BLOCK = [128, 128]

@@ -86,8 +86,7 @@ FEATURES = {
     "max_draft_len": (("draft_input_ids",), ()),
     "guided_decoding": (("guided_decoding_guide_type", "guided_decoding_guide"), ()),
 }
-QUANTIZE_QFORMATS = ("fp8", "int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "int4_wo")  # quantize.py --qformat
-QFORMATS = QUANTIZE_QFORMATS + ("checkpoint",)           # checkpoint: pre-quantized AWQ / GPTQ, converted as is
+QUANTIZE_QFORMATS, QFORMATS = QC.QUANTIZE_QFORMATS, QC.QFORMATS
 KV_CACHE_DTYPES = ("fp8", "int8", "auto")                # auto: the model dtype (no --kv_cache_dtype)
 XGRAMMAR_INFO_FILE = "xgrammar_tokenizer_info.json"      # NVIDIA's generate_xgrammar_tokenizer_info.py output
 POSITIVE_INTS = ("tp_size", "pp_size", "instance_count", "max_beam_width", "max_batch_size", "max_input_len",

@@ -85,6 +85,16 @@ def _pad_rows(t: torch.Tensor, groups: int) -> torch.Tensor:
     return torch.cat((t, t.new_zeros(pad, *t.shape[1:]))) if pad else t
 
 
+def _block_scales(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """Per row and block [N, nb] -> the kernels' [G, nb, 8] (one vector of 8 rows per group and block)."""
+    return _pad_rows(t.float(), groups).reshape(groups, 8, -1).transpose(1, 2).contiguous()
+
+
+def _row_scales(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of _block_scales: [G, nb, 8] -> [N, nb]."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1])[:n]
+
+
 class Int8Weight(_Packed):
     """int8 codes (-128..127) and either one scale per output channel (weight = d * q: what
     ``quantization: int8`` makes) or, from a checkpoint's 8-bit groups, a scale and a zero share per row and
@@ -137,9 +147,8 @@ class Int8Weight(_Packed):
         if kp != k:
             q = torch.cat((q, q.new_zeros(q.shape[0], kp - k)), dim=1)
         self.qx = _interleave(q, 8).reshape(groups, kp // QK, 8, 32).contiguous()
-        per_row = lambda t: _pad_rows(t.float(), groups).reshape(groups, 8, -1).transpose(1, 2).contiguous()  # noqa: E731
-        self.dx = _pad_rows(d.float(), groups).reshape(groups, 8).contiguous() if d.dim() == 1 else per_row(d)
-        self.mx = None if m is None else per_row(m)
+        self.dx = _pad_rows(d.float(), groups).reshape(groups, 8).contiguous() if d.dim() == 1 else _block_scales(d, groups)
+        self.mx = None if m is None else _block_scales(m, groups)
 
     @classmethod
     def _fuse(cls, parts: list):
@@ -166,11 +175,11 @@ class Int8Weight(_Packed):
     def d(self) -> torch.Tensor:
         """Scales [N] (per row) or [N, K / 32] (per row and block)."""
         n = self.shape[0]
-        return self.dx.reshape(-1)[:n] if self.dx.dim() == 2 else self.dx.transpose(1, 2).reshape(-1, self.dx.shape[1])[:n]
+        return self.dx.reshape(-1)[:n] if self.dx.dim() == 2 else _row_scales(self.dx, n)
 
     @property
     def m(self) -> torch.Tensor | None:
-        return None if self.mx is None else self.mx.transpose(1, 2).reshape(-1, self.mx.shape[1])[: self.shape[0]]
+        return None if self.mx is None else _row_scales(self.mx, self.shape[0])
 
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         n, k = self.shape
@@ -251,8 +260,7 @@ class Int4Weight(_Packed):
         groups, nb = -(-n // 8), k // QK
         c = _interleave(_pad_rows(q.to(torch.uint8), groups), 8)                # [G, nb, t, r, j]
         self.qx = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(groups, nb, 4, 32).contiguous()
-        self.dx, self.mx = (_pad_rows(t.float(), groups).reshape(groups, 8, nb).transpose(1, 2).contiguous()
-                            for t in (d, m))
+        self.dx, self.mx = _block_scales(d, groups), _block_scales(m, groups)
 
     @classmethod
     def _fuse(cls, parts: list):
@@ -267,17 +275,14 @@ class Int4Weight(_Packed):
     def layout(self) -> tuple:
         return (self.group_size,)
 
-    def _rows(self, t: torch.Tensor) -> torch.Tensor:
-        return t.transpose(1, 2).reshape(-1, t.shape[1])[: self.shape[0]]
-
     @property
     def d(self) -> torch.Tensor:
         """Scales [N, K / 32], per row and block."""
-        return self._rows(self.dx)
+        return _row_scales(self.dx, self.shape[0])
 
     @property
     def m(self) -> torch.Tensor:
-        return self._rows(self.mx)
+        return _row_scales(self.mx, self.shape[0])
 
     def codes(self) -> torch.Tensor:
         """The unpacked codes [N, K] (0..15), in the stored input order."""
