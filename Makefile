@@ -136,13 +136,17 @@ bench-peers: build
 OPENAI_PORT ?= 9000
 # OpenAI model names of tensorrt_llm's LoRA adapters (deployment.yaml lora_adapters): NAME=TASK_ID ...
 OPENAI_LORA_MODULES ?= python=1
+# The demo's chat template writes Hermes-style <tool_call> blocks (build_scripts/build_demo_model.py).
+OPENAI_TOOL_CALL_PARSER ?= hermes
 PERF_ARGS ?=
 GENAI_VENV ?= build/perf/genai-venv
 
 .PHONY: openai perf
 openai: build
 	$(PY) -m clients.openai_server --port $(OPENAI_PORT) $(if $(GRPC_PORT),--triton-url localhost:$(GRPC_PORT)) \
-		$(if $(OPENAI_LORA_MODULES),--lora-modules $(OPENAI_LORA_MODULES))
+		$(if $(OPENAI_LORA_MODULES),--lora-modules $(OPENAI_LORA_MODULES)) \
+		$(if $(OPENAI_TOOL_CALL_PARSER),--tool-call-parser $(OPENAI_TOOL_CALL_PARSER)) \
+		$(if $(OPENAI_REASONING_PARSER),--reasoning-parser $(OPENAI_REASONING_PARSER))
 
 $(GENAI_VENV)/bin/genai-perf:
 	$(PYTHON) -m venv $(GENAI_VENV)

@@ -42,13 +42,35 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "build" / "models" / "dem
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
 # Llama-2-like turns: role marker, newline, content, eos. Ending a turn with eos means one
-# stop id everywhere (config, generation_config, engine) instead of a list.
+# stop id everywhere (config, generation_config, engine) instead of a list. Tools the Hermes / Qwen 2.5
+# way (the OpenAI server's `hermes` parser reads the answers): signatures in <tools> in the system turn,
+# calls as <tool_call>{"name", "arguments"}</tool_call>, results in a user turn as <tool_response>.
+# Without tools the rendering is the plain one above, character for character. (transformers renders with
+# trim_blocks: a newline right after a {% %} tag is dropped, so such newlines are written as {{ '\\n' }}.)
+_TOOLS_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions. Their signatures are within <tools></tools> XML tags:"
+    "\n<tools>{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each function call, "
+    "return a JSON object with the function name and arguments within <tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>'
+)
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ bos_token }}{% set ns = namespace(first=0) %}"
+    "{% if tools %}{{ '<|system|>\n' }}"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}"
+    "{% set ns.first = 1 %}{% endif %}" + _TOOLS_SYSTEM + "{{ eos_token + '\n' }}{% endif %}"
+    "{% for message in messages[ns.first:] %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + message['role']) }}{% endif %}"
-    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    "{% if message['role'] == 'tool' %}"
+    "{{ '<|user|>\n<tool_response>\n' + message['content'] + '\n</tool_response>' + eos_token + '\n' }}"
+    "{% else %}{{ '<|' + message['role'] + '|>\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% set args = call['function']['arguments'] %}"
+    "{{ '<tool_call>\n{\"name\": ' + (call['function']['name'] | tojson) + ', \"arguments\": ' }}"
+    "{{ args if args is string else args | tojson }}{{ '}\n</tool_call>' }}{% endfor %}"
+    "{{ eos_token + '\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
 

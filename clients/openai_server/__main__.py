@@ -3,7 +3,8 @@
 Defaults come from the environment so ``make openai OPENAI_PORT=9000 GRPC_PORT=8001`` works:
 OPENAI_PORT (9000), GRPC_PORT (8001; the Triton gRPC endpoint is localhost:GRPC_PORT unless
 --triton-url is given), OPENAI_TRITON_MODEL (tensorrt_llm_bls), TOKENIZER_DIR (deployment.yaml's llm.tokenizer_dir),
-TRITONLLM_API_KEY (--api-key: better than the flag, which other users of the machine can read in ps).
+TRITONLLM_API_KEY (--api-key: better than the flag, which other users of the machine can read in ps),
+OPENAI_TOOL_CALL_PARSER (--tool-call-parser), OPENAI_REASONING_PARSER (--reasoning-parser).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def main(argv=None) -> int:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    from clients.openai_server.reasoning import PARSERS as REASONING_PARSERS
+    from clients.openai_server.tool_calls import PARSERS as TOOL_PARSERS
     from clients.triton_llm import default_tokenizer_dir
 
     p = argparse.ArgumentParser(prog="python -m clients.openai_server", description=__doc__.split("\n\n")[0])
@@ -38,6 +41,10 @@ def main(argv=None) -> int:
                         "e.g. python=1")
     p.add_argument("--api-key", default=os.environ.get("TRITONLLM_API_KEY") or None,
                    help="require 'Authorization: Bearer <key>' on /v1 routes (env TRITONLLM_API_KEY)")
+    p.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS),
+                   default=os.environ.get("OPENAI_TOOL_CALL_PARSER") or None, help="reads tool calls out of the model's text for tool_choice auto (the chat template's family)")
+    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
+                   default=os.environ.get("OPENAI_REASONING_PARSER") or None, help="splits <think>...</think> into reasoning_content")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     try:
@@ -57,7 +64,8 @@ def main(argv=None) -> int:
     app = create_app(Settings(triton_url=args.triton_url, model=args.model, fallback=args.fallback or None,
                               tokenizer_dir=tokenizer_dir, served_model_name=args.served_model_name,
                               default_max_tokens=args.default_max_tokens, lora_modules=lora_modules,
-                              api_key=args.api_key))
+                              api_key=args.api_key, tool_call_parser=args.tool_call_parser,
+                              reasoning_parser=args.reasoning_parser))
     auth = "API key required" if args.api_key else "no API key (open)"
     print(f"[openai_server] http://{args.host}:{args.port}/v1 -> Triton {args.triton_url} ({args.model}); {auth}",
           file=sys.stderr, flush=True)

@@ -36,6 +36,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from clients.openai_server.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat_logprobs, completion_body,
                                              completion_logprobs, new_id, sum_usage)
+from clients.openai_server.chat_answer import ChatAnswer
+from clients.openai_server.tool_calls import PARSERS as TOOL_PARSERS, json_array, named
 from clients.openai_server.triton import TritonText
 from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams
 
@@ -54,6 +56,8 @@ class Settings:
     lora_modules: dict[str, int] = field(default_factory=dict)  # model name -> lora_task_id (vLLM's idea)
     api_key: str | None = None  # required as a Bearer token on /v1 routes when set
     health_generate_timeout_s: float = 30.0
+    tool_call_parser: str | None = None  # tool_calls.PARSERS: tool_choice "auto" needs one
+    reasoning_parser: str | None = None  # reasoning.PARSERS: reasoning_content split off
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -182,7 +186,7 @@ def create_app(settings: Settings) -> FastAPI:
         req.check_supported()
         model, prompts = triton_model(req.model), req.prompts()
         max_tokens = req.max_tokens or 16
-        params = req.generation_params(max_tokens, req.logprobs is not None)
+        params = req.generation_params(max_tokens, req.logprobs is not None, req.extra_guide())
         params.lora_task_id = settings.lora_modules.get(req.model)
         rid = new_id("cmpl")
         if not req.stream:
@@ -219,24 +223,48 @@ def create_app(settings: Settings) -> FastAPI:
 
         return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
 
+    def tool_mode(req: ChatCompletionRequest) -> str | None:
+        """The request's tool mode (``ChatCompletionRequest.tool_mode``), refused when this server cannot
+        serve it."""
+        mode = req.tool_mode()
+        if mode == "auto" and not settings.tool_call_parser:
+            raise ApiError(400, '"auto" tool choice needs a tool-call parser: start the server with '
+                                "--tool-call-parser (hermes, llama3_json, mistral)", param="tool_choice")
+        return mode
+
+    def new_answer(mode: str | None) -> ChatAnswer:
+        if mode in (None, "none"):
+            return ChatAnswer(settings.reasoning_parser, None)
+        if mode == "auto":
+            return ChatAnswer(settings.reasoning_parser, TOOL_PARSERS[settings.tool_call_parser])
+        return ChatAnswer(None, json_array if mode == "required" else named(mode))  # guided: no reasoning
+
+    def chat_finish(mode: str | None, called: bool, reason: str) -> str:
+        # OpenAI answers a named tool_choice with "stop", a call the model chose with "tool_calls"
+        return "tool_calls" if called and reason != "length" and mode in ("auto", "required") else reason
+
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest):
         req.check_supported()
         model = triton_model(req.model)
-        prompt = tools.chat_prompt(req.chat_messages())
-        guide = req.response_format.guide() if req.response_format else None
+        mode = tool_mode(req)
+        # tool_choice "none": the tools are not shown to the model, which then cannot call them
+        prompt = tools.chat_prompt(req.chat_messages(), req.tool_dicts() if mode not in (None, "none") else None)
+        guide = req.guide(mode)
         max_tokens = req.max_new_tokens() or settings.default_max_tokens
         params = req.generation_params(max_tokens, req.logprobs, guide)
         params.lora_task_id = settings.lora_modules.get(req.model)
         rid = new_id("chatcmpl")
         if not req.stream:
             o = await run_to_end(prompt, params, model)
-            choice = {"index": 0, "message": {"role": "assistant", "content": o.text},
+            message = new_answer(mode).message(o.text)
+            choice = {"index": 0, "message": message,
                       "logprobs": chat_logprobs(tools, o.text, o.log_probs) if req.logprobs else None,
-                      "finish_reason": o.finish_reason(max_tokens)}
+                      "finish_reason": chat_finish(mode, bool(message.get("tool_calls")),
+                                                   o.finish_reason(max_tokens))}
             return chat_body(rid, req.model, [choice], o.usage(tools, prompt))
 
-        outcome = Outcome()
+        outcome, answer = Outcome(), new_answer(mode)
         chunks, first = await start(prompt, params, True, model)
         usage_field = {"usage": None} if req.include_usage() else {}
 
@@ -244,21 +272,24 @@ def create_app(settings: Settings) -> FastAPI:
             return {**chat_body(rid, req.model, [{"index": 0, "delta": delta, "logprobs": logprobs,
                                                   "finish_reason": finish}], None, chunk=True), **usage_field}
 
-        role_sent = [False]
+        role_sent, pending_lp = [False], []
 
         def events(chunk: Chunk | None):
             if not role_sent[0]:  # OpenAI's first chunk carries the role only
                 role_sent[0] = True
                 yield choice({"role": "assistant", "content": ""})
+            if chunk is not None:
+                outcome.add(chunk)
+                if req.logprobs:  # parsers may hold text back: log probs ride on the next delta sent
+                    pending_lp.extend(chat_logprobs(tools, chunk.text, chunk.log_probs or [])["content"])
+            for delta in answer.deltas(chunk.text if chunk is not None else "", final=chunk is None):
+                lp = {"content": pending_lp[:]} if req.logprobs and pending_lp else None
+                pending_lp.clear()
+                yield choice(delta, None, lp)
             if chunk is None:
-                yield choice({}, outcome.finish_reason(max_tokens))
+                yield choice({}, chat_finish(mode, answer.called, outcome.finish_reason(max_tokens)))
                 if req.include_usage():
                     yield chat_body(rid, req.model, [], outcome.usage(tools, prompt), chunk=True)
-                return
-            outcome.add(chunk)
-            if chunk.text:
-                lp = chat_logprobs(tools, chunk.text, chunk.log_probs or []) if req.logprobs else None
-                yield choice({"content": chunk.text}, None, lp)
 
         return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
 

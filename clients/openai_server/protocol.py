@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,6 +59,29 @@ class _Common(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     min_tokens: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
+    # vLLM's guided-decoding extras: the engine's guide types (json_schema, regex, choice as a regex, ebnf)
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def extra_guide(self) -> tuple[str, str] | None:
+        """(guided_decoding_guide_type, guide) from the guided_* extras; at most one may be given."""
+        given = [(k, v) for k, v in (("guided_json", self.guided_json), ("guided_regex", self.guided_regex),
+                                     ("guided_choice", self.guided_choice), ("guided_grammar", self.guided_grammar))
+                 if v is not None]
+        if len(given) > 1:
+            raise ApiError(400, f"give one of {[k for k, _ in given]}", param=given[1][0])
+        if not given:
+            return None
+        name, value = given[0]
+        if name == "guided_json":
+            return ("json_schema", value if isinstance(value, str) else json.dumps(value))
+        if name == "guided_choice":
+            if not value:
+                raise ApiError(400, "guided_choice needs at least one choice", param=name)
+            return ("regex", "|".join(re.escape(c) for c in value))
+        return ("regex" if name == "guided_regex" else "ebnf_grammar", value)
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -114,6 +138,9 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None                 # a tool turn: which call it answers
 
     def text(self) -> str:
         """Content as text; list content must be text parts only (this server serves a text model)."""
@@ -125,6 +152,41 @@ class ChatMessage(BaseModel):
                 raise ApiError(400, f"content part of type {part.get('type')!r} is not supported", param="messages")
             parts.append(part.get("text", ""))
         return "".join(parts)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it: "developer" is OpenAI's newer "system"; tool-call
+        arguments as objects (templates write them with ``tojson``), as transformers documents."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name:
+            out["name"] = self.name
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            calls = []
+            for call in self.tool_calls:
+                fn = dict(call.get("function") or {})
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        raise ApiError(400, "messages: tool_calls arguments must be JSON", param="messages") from None
+                calls.append({**call, "function": fn})
+            out["tool_calls"] = calls
+        return out
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
 
 
 class ResponseFormat(BaseModel):
@@ -151,11 +213,63 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        # "developer" is OpenAI's newer name for "system"; templates know "system".
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [m.for_template() for m in self.messages]
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def tool_mode(self) -> str | None:
+        """None (no tools), "none", "auto", "required", or the name of the function the model must call."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice not in (None, "none"):
+                raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+            return None
+        if choice is None:
+            return "auto"
+        if isinstance(choice, str):
+            return choice
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if not name:
+            raise ApiError(400, 'tool_choice must be "none", "auto", "required" or '
+                                '{"type": "function", "function": {"name": ...}}', param="tool_choice")
+        if name not in {t.function.name for t in self.tools}:
+            raise ApiError(400, f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+        return name
+
+    def guide(self, mode: str | None) -> tuple[str, str] | None:
+        """The request's one guide: a forced tool_choice's, response_format's or a guided_* extra's."""
+        guides = [(name, g) for name, g in (("tool_choice", self.tool_guide(mode)),
+                                            ("response_format", self.response_format.guide()
+                                             if self.response_format else None),
+                                            ("guided_*", self.extra_guide())) if g is not None]
+        if len(guides) > 1:
+            raise ApiError(400, f"{guides[0][0]} and {guides[1][0]} both constrain the output: give one",
+                           param=guides[1][0])
+        return guides[0][1] if guides else None
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
+    def tool_guide(self, mode: str | None) -> tuple[str, str] | None:
+        """Guided decoding that makes ``required`` / a named tool_choice produce calls whose arguments
+        parse against the function's schema: a JSON array of {"name", "parameters"} (vLLM's form), or the
+        named function's arguments alone."""
+        if mode in (None, "none", "auto"):
+            return None
+        schema = {t.function.name: t.function.parameters or {"type": "object"} for t in self.tools}
+        if mode != "required":
+            return ("json_schema", json.dumps(schema[mode]))
+        item = {"anyOf": [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
+                                                             "parameters": params},
+                           "required": ["name", "parameters"], "additionalProperties": False}
+                          for name, params in schema.items()]}
+        array = {"type": "array", "items": item, "minItems": 1}
+        if not self.parallel_tool_calls:
+            array["maxItems"] = 1
+        return ("json_schema", json.dumps(array))

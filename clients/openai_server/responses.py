@@ -44,13 +44,14 @@ class TextTools:
 
         return cls(AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False))
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         from clients.openai_server.protocol import ApiError
 
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ApiError(400, "this server has no chat template (start it with --tokenizer-dir)", param="messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                      add_generation_prompt=True)
         except Exception as e:  # a template may raise on roles it does not know (jinja2 exceptions)
             raise ApiError(400, f"chat template: {e}", param="messages") from None
         bos = self.tokenizer.bos_token

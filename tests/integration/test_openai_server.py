@@ -9,7 +9,6 @@ The server runs as a subprocess (``python -m clients.openai_server``) on a free 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -21,49 +20,16 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
+from openai_helpers import TOKENIZER_DIR, openai_server  # noqa: E402
 from tritonllm.serving.launcher import find_free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKENIZER_DIR = ROOT / "build" / "models" / "demo"
 PROMPT = "Once upon a time"
-
-
-def _openai_server(triton_server, env: dict | None = None):
-    """``python -m clients.openai_server`` on a free port; yields (url, log path), stops it afterwards."""
-    (port,) = find_free_ports(1)
-    log_path = ROOT / "build" / "logs" / f"pytest-openai-{port}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
-             "--triton-url", triton_server.grpc_url, "--tokenizer-dir", str(TOKENIZER_DIR), "--log-level", "info",
-             "--lora-modules", "python=1"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"OpenAI server did not start:\n{log_path.read_text()[-3000:]}", pytrace=False)
-            time.sleep(0.3)
-        yield url, log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")
 def openai_url(triton_server):
-    for url, _ in _openai_server(triton_server):
+    for url, _ in openai_server(triton_server):
         yield url
 
 
@@ -194,8 +160,10 @@ def test_errors_map_to_http_statuses(client):
                                        max_tokens=8, stream=True, response_format=bad)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
-    with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=4, n=2)
+    with pytest.raises(openai.BadRequestError) as e:  # this server was started without a tool-call parser
+        client.chat.completions.create(model="tritonllm", messages=[{"role": "user", "content": "Name?"}],
+                                       max_tokens=4, tools=[{"type": "function", "function": {"name": "f"}}])
+    assert "--tool-call-parser" in str(e.value)
 
 
 API_KEY = "sk-test-7f3a9c"  # what the keyed server requires (given through TRITONLLM_API_KEY, not argv)
@@ -203,7 +171,7 @@ API_KEY = "sk-test-7f3a9c"  # what the keyed server requires (given through TRIT
 
 @pytest.fixture(scope="module")
 def keyed_server(triton_server):
-    yield from _openai_server(triton_server, {"TRITONLLM_API_KEY": API_KEY})
+    yield from openai_server(triton_server, {"TRITONLLM_API_KEY": API_KEY})
 
 
 def test_an_api_key_guards_every_v1_route_and_is_never_logged(keyed_server):

@@ -1,0 +1,49 @@
+"""Start ``python -m clients.openai_server`` against a running tritonserver, as ``make openai`` does."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tritonllm.serving.launcher import find_free_ports
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER_DIR = ROOT / "build" / "models" / "demo"
+
+
+def openai_server(triton_server, env: dict | None = None, args: tuple[str, ...] = ()):
+    """``python -m clients.openai_server`` on a free port; yields (url, log path), stops it afterwards."""
+    (port,) = find_free_ports(1)
+    log_path = ROOT / "build" / "logs" / f"pytest-openai-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
+             "--triton-url", triton_server.grpc_url, "--tokenizer-dir", str(TOKENIZER_DIR), "--log-level", "info",
+             "--lora-modules", "python=1", *args],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"OpenAI server did not start:\n{log_path.read_text()[-3000:]}", pytrace=False)
+            time.sleep(0.3)
+        yield url, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
