@@ -14,7 +14,8 @@ class EngineConfig:
 
     Invariants: ``block_size`` >= 1; the KV pool holds ``max_kv_tokens`` tokens rounded down to whole
     blocks when set, else ``kv_mem_fraction`` of free device memory (CUDA) or of available RAM (CPU);
-    ``max_num_tokens`` bounds the tokens computed in one step (prefill chunks + decodes).
+    ``max_num_tokens`` bounds the tokens computed in one step (prefill chunks + decodes);
+    ``priority_aging_s`` >= 0: a waiting request's effective priority grows by 1 per that many seconds.
     """
 
     block_size: int = 16                 # tokens_per_block
@@ -25,6 +26,7 @@ class EngineConfig:
     max_queue_size: int = 1024           # waiting requests bound; beyond it add_request raises QueueFull
     enable_chunked_prefill: bool = True  # enable_chunked_context
     enable_prefix_caching: bool = False  # enable_kv_cache_reuse
+    priority_aging_s: float = 30.0       # waiting this long adds 1 to a request's priority; 0 = no aging
     max_draft_len: int = 0               # speculative decoding: draft tokens per step (0 = off)
     draft_model_path: str | None = None  # drafts from this smaller checkpoint; None = prompt lookup (n-grams)
     ngram_max: int = 3                   # longest n-gram matched for a draft
@@ -58,5 +60,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be auto, fp8 or int8, got {self.kv_cache_dtype!r}")
         if self.cpu_kernels not in ("auto", "native", "torch"):
             raise ValueError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
+        if not 0.0 <= self.priority_aging_s < float("inf"):
+            raise ValueError(f"priority_aging_s must be finite and >= 0, got {self.priority_aging_s}")
         if not 0.0 < self.kv_mem_fraction <= 1.0:
             raise ValueError("kv_cache_free_gpu_mem_fraction must be in (0, 1]")

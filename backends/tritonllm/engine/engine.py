@@ -18,8 +18,8 @@ from .lora import LoraSet
 from .batch_layout import attention_meta
 from .model import Transformer
 from .request import InvalidRequest, Request, RequestOutput, SamplingParams
-from .sampler import sample
-from .speculative import propose_ngram, verify_greedy, verify_sampled
+from .sampler import device_bias, sample
+from .speculative import may_draft, propose_ngram, verify_greedy, verify_sampled
 from .scheduler import Scheduler
 from .stats import EngineStats, IterationStats
 
@@ -93,6 +93,9 @@ class LLMEngine:
         if len(prompt_ids) > self.max_input_len:
             raise InvalidRequest(f"input_ids has {len(prompt_ids)} tokens, max_input_len is {self.max_input_len}")
         params.verify()
+        if params.embedding_bias is not None and params.embedding_bias.numel() > V:
+            raise InvalidRequest(f"embedding_bias has {params.embedding_bias.numel()} entries, "
+                                 f"more than the vocabulary ({V})")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_seq_len:
             raise InvalidRequest(f"input length {len(prompt_ids)} + request_output_len {params.max_tokens} "
@@ -134,7 +137,9 @@ class LLMEngine:
         compiled = self.compile_guide(params)
         gen = torch.Generator(device=self.model.device)
         gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
-        req = Request(request_id, list(prompt_ids), params, time.monotonic(), generator=gen)
+        req = Request(request_id, list(prompt_ids), params, self.scheduler.clock(), generator=gen)
+        if params.embedding_bias is not None:
+            req.embedding_bias = device_bias(params.embedding_bias, self.spec.vocab_size, self.model.device)
         if compiled is not None:
             req.matcher = self._grammar.matcher(compiled)
         self.requests[request_id] = req
@@ -146,7 +151,11 @@ class LLMEngine:
         if req is None:
             return None
         self._drop(req)
-        return RequestOutput(request_id, [], [], True, "abort", req.num_prompt, req.num_emitted,
+        return self._final(req, "abort")
+
+    def _final(self, req: Request, reason: str) -> RequestOutput:
+        """The last output of a request ended from outside (abort, timeout): every token was already sent."""
+        return RequestOutput(req.request_id, [], [], True, reason, req.num_prompt, req.num_emitted,
                              req.cum_logprob, metrics=dataclasses.replace(req.metrics))
 
     def has_work(self) -> bool:
@@ -177,12 +186,17 @@ class LLMEngine:
                 self._step_stats = None
 
     def _step(self) -> list[RequestOutput]:
+        outputs = []
+        for req in self.scheduler.expired():  # TensorRT-LLM's TIMED_OUT, waiting or running
+            self._drop(req)
+            req.finish_reason = "timeout"
+            outputs.append(self._final(req, "timeout"))
         if self.config.max_draft_len:
             self._propose_drafts()
         sched = self.scheduler.schedule()
         self.stats.preemptions += len(sched.preempted)
         if not sched.items:
-            return []
+            return outputs
         self._count_step(sched)
         sampling, rows, meta, ids, pos = self._prepare(sched.items)
         logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
@@ -194,13 +208,12 @@ class LLMEngine:
         self.stats.prefix_hit_tokens = self.scheduler.prefix_hits
         self.stats.prefix_query_tokens = self.scheduler.prefix_queries
         plain = len(sampling) - len(speculating)
-        tokens, lps = sample(logits[:plain], sampling[:plain], self._end_ids) if plain else ([], [])
-        outputs = []
+        tokens, lps, tops = sample(logits[:plain], sampling[:plain], self._end_ids) if plain else ([], [], [])
         now = time.monotonic()
-        for req, tok, lp in zip(sampling, tokens, lps):
+        for req, tok, lp, top in zip(sampling, tokens, lps, tops):
             if req.first_token_time is None:
                 req.first_token_time = now
-            out = self._append(req, tok, lp)
+            out = self._append(req, tok, lp, top)
             if out is not None:
                 outputs.append(out)
         row = plain
@@ -230,8 +243,7 @@ class LLMEngine:
         for req in self.scheduler.running:
             p = req.params
             req.draft = []
-            if (req.num_computed != len(req.token_ids) - 1 or p.needs_penalties
-                    or p.bad_words or req.num_output < p.min_tokens or req.matcher is not None):
+            if req.num_computed != len(req.token_ids) - 1 or not may_draft(req):
                 continue
             room = min(self.config.max_draft_len, p.max_tokens - req.num_output - 1,
                        self.max_seq_len - len(req.token_ids) - 1)
@@ -326,7 +338,8 @@ class LLMEngine:
             return frozenset(self.spec.eos_token_ids)
         return frozenset() if e == -1 else frozenset((e,))
 
-    def _append(self, req: Request, tok: int, lp: float) -> RequestOutput | None:
+    def _append(self, req: Request, tok: int, lp: float,
+                top: list[tuple[int, float]] | None = None) -> RequestOutput | None:
         """Records a sampled token; returns the new delta, with the finish reason when it ends.
 
         As in TensorRT-LLM, a matched stop word stays in the output (the text layer cuts stop strings
@@ -342,6 +355,8 @@ class LLMEngine:
         else:
             req.token_ids.append(tok)
             req.logprobs.append(lp)
+            if p.top_logprobs:
+                req.top_logprobs.append(top or [])
             out = req.output_ids
             stopped = any(len(out) >= len(w) and out[-len(w):] == w for w in p.stop_words)
             if stopped and req.num_output >= p.min_tokens:
@@ -352,6 +367,7 @@ class LLMEngine:
                 reason = "length"
         new = req.output_ids[req.num_emitted:]
         new_lp = req.logprobs[req.num_emitted:]
+        new_top = req.top_logprobs[req.num_emitted:]
         self.stats.generation_tokens += len(new)
         req.num_emitted = req.num_output
         req.cum_logprob += sum(new_lp)
@@ -359,5 +375,6 @@ class LLMEngine:
             req.finish_reason = reason
             self._drop(req)
         return RequestOutput(req.request_id, new, new_lp, reason is not None, reason, req.num_prompt,
-                             req.num_emitted, req.cum_logprob, metrics=dataclasses.replace(req.metrics))
+                             req.num_emitted, req.cum_logprob, metrics=dataclasses.replace(req.metrics),
+                             new_top_logprobs=new_top)
 

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 
+MAX_TOP_LOGPROBS = 20
+
+
 class InvalidRequest(ValueError):
     """A request the engine refuses; the message names the offending input (maps to INVALID_ARG)."""
 
@@ -41,6 +44,15 @@ class SamplingParams:
     return_log_probs: bool = False
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     lora_task_id: int | None = None       # a loaded LoRA adapter; None = the base model
+    # Added to the raw logits first each step; shorter than the vocabulary = zero-padded (TensorRT-LLM's
+    # embeddingBias). -inf bans a token.
+    embedding_bias: torch.Tensor | None = field(default=None, compare=False)  # tensors have no plain ==
+    top_logprobs: int = 0                 # most likely ids + log probs per generated token (0..20)
+    priority: float = 0.5                 # TensorRT-LLM executor: [0, 1], higher is admitted first
+    allotted_time_ms: int | None = None   # deadline from arrival; then finish_reason "timeout"
+    # Engine id of a sibling with the same prompt (n > 1): with prefix caching on, this request is not
+    # admitted until that sibling has computed its prompt, so the prompt's full blocks are shared.
+    prefill_after: str | None = None
 
     def verify(self) -> None:
         """Refuse values no engine can serve (InvalidRequest naming NVIDIA's input), as vLLM's
@@ -66,6 +78,18 @@ class SamplingParams:
             raise InvalidRequest(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.end_id is not None and self.end_id < -1:
             raise InvalidRequest(f"end_id {self.end_id} is outside the vocabulary")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        if not (math.isfinite(self.priority) and 0.0 <= self.priority <= 1.0):
+            raise InvalidRequest(f"priority must be in [0, 1], got {self.priority}")
+        if self.allotted_time_ms is not None and self.allotted_time_ms < 1:
+            raise InvalidRequest(f"allotted_time_ms must be >= 1, got {self.allotted_time_ms}")
+        b = self.embedding_bias
+        if b is not None:
+            if not isinstance(b, torch.Tensor) or b.dim() != 1 or b.numel() < 1 or not b.is_floating_point():
+                raise InvalidRequest("embedding_bias must be a non-empty 1-D floating-point tensor")
+            if bool(torch.isnan(b).any()) or bool(torch.isposinf(b).any()):
+                raise InvalidRequest("embedding_bias holds NaN or +inf (-inf is allowed: it bans a token)")
 
     @property
     def greedy(self) -> bool:
@@ -129,6 +153,9 @@ class Request:
     draft: list[int] = field(default_factory=list)  # speculative tokens scored this step (not yet accepted)
     matcher: object | None = None        # grammar state when the request is guided
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    # params.top_logprobs > 0 only: one list per generated token, parallel to ``logprobs``
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    embedding_bias: torch.Tensor | None = None  # params.embedding_bias, fp32, vocab-wide, on the model's device
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -146,6 +173,12 @@ class Request:
     def num_output(self) -> int:
         return len(self.token_ids) - self.num_prompt
 
+    @property
+    def deadline(self) -> float | None:
+        """When the request times out, on the clock of ``arrival_time``; None = never."""
+        ms = self.params.allotted_time_ms
+        return None if ms is None else self.arrival_time + ms / 1000.0
+
 
 @dataclass
 class RequestOutput:
@@ -155,12 +188,15 @@ class RequestOutput:
     new_token_ids: list[int]
     new_logprobs: list[float]
     finished: bool
-    finish_reason: str | None = None     # "stop" (EOS or stop word), "length", "abort"
+    finish_reason: str | None = None     # "stop" (EOS or stop word), "length", "abort", "timeout"
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0           # total visible generated tokens so far
     cum_logprob: float = 0.0
     error: str | None = None
     metrics: RequestMetrics | None = None  # a copy taken when this output was made
+    # per new token (aligned with new_token_ids): the params.top_logprobs most likely (id, log prob),
+    # descending, ties by id; empty when top_logprobs == 0
+    new_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 def admit(unfinished: set[str], request_ids: list[str], capacity: int, max_queue_size: int, running: int) -> None:

@@ -1,14 +1,18 @@
 """Per-request sampling inside one batch.
 
 Each row is processed with its own parameters; a seeded request draws from its own torch.Generator, so
-its tokens do not depend on what else is in the batch. Rows that are plain greedy take one batched argmax.
-Log-probs are log-softmax of the (penalised, temperature-scaled) logits, before top-k/top-p truncation.
+its tokens do not depend on what else is in the batch. Rows that are plain greedy (no bias, penalties, bad
+words, pending min_tokens or grammar) take one batched argmax. A request's embedding bias is added to its
+row before anything else. Log-probs, and the ``top_logprobs`` most likely ids, are log-softmax of the
+(biased, penalised, temperature-scaled) logits, before top-k/top-p truncation.
 """
 from __future__ import annotations
 
 import torch
 
 from .request import Request
+
+TopLogprobs = list[tuple[int, float]]
 
 
 def _ban(logits: torch.Tensor, ids) -> None:
@@ -55,26 +59,73 @@ def _sample_row(logits: torch.Tensor, req: Request) -> int:
     return int(torch.multinomial(target_probs(logits, req.params), 1, generator=req.generator).item())
 
 
-def sample(logits: torch.Tensor, reqs: list[Request], end_ids_of) -> tuple[list[int], list[float]]:
-    """Returns one token id and its log-prob per row. `end_ids_of(req)` gives a request's EOS ids."""
+def device_bias(bias: torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """A request's embedding bias as the engine keeps it: fp32, zero-padded to ``vocab_size``, on ``device``
+    (made once at admission, not per step)."""
+    out = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+    out[:bias.numel()] = bias.detach().to(device=device, dtype=torch.float32)
+    return out
+
+
+def top_logprobs(logp: torch.Tensor, ks: list[int]) -> list[TopLogprobs]:
+    """Per row of ``logp`` [n, V], its ``ks[j]`` largest entries as (id, log prob), descending, ties by id.
+
+    One batched topk and one transfer; a row whose k-th value is tied with entries outside its top k
+    (where topk's choice among equals is unspecified) is redone exactly: every entry >= the k-th value,
+    stable-sorted, so equal values keep ascending ids."""
+    ks = [min(k, logp.shape[-1]) for k in ks]
+    vals, ids = torch.topk(logp, max(ks), dim=-1)
+    kth = vals[torch.arange(len(ks), device=logp.device), torch.tensor(ks, device=logp.device) - 1]
+    at_least = (logp >= kth[:, None]).sum(-1).tolist()
+    vals, ids = vals.tolist(), ids.tolist()
+    out = []
+    for j, k in enumerate(ks):
+        if at_least[j] == k:
+            out.append(sorted(zip(ids[j][:k], vals[j][:k]), key=lambda e: (-e[1], e[0])))
+            continue
+        cand = (logp[j] >= kth[j]).nonzero().squeeze(1)
+        v, order = logp[j, cand].sort(descending=True, stable=True)
+        out.append(list(zip(cand[order[:k]].tolist(), v[:k].tolist())))
+    return out
+
+
+def _fast_greedy(req: Request) -> bool:
+    p = req.params
+    return (p.greedy and not p.needs_penalties and not p.bad_words and req.num_output >= p.min_tokens
+            and req.matcher is None and req.embedding_bias is None)
+
+
+def sample(logits: torch.Tensor, reqs: list[Request],
+           end_ids_of) -> tuple[list[int], list[float], list[TopLogprobs]]:
+    """Returns per row one token id, its log-prob (0.0 unless ``return_log_probs``) and its top log-probs
+    ([] unless ``top_logprobs``). `end_ids_of(req)` gives a request's EOS ids."""
     tokens: list[int] = [0] * len(reqs)
     logprobs: list[float] = [0.0] * len(reqs)
-    want_lp = any(r.params.return_log_probs for r in reqs)
-    plain = [i for i, r in enumerate(reqs) if r.params.greedy and not r.params.needs_penalties
-             and not r.params.bad_words and r.num_output >= r.params.min_tokens and r.matcher is None]
+    tops: list[TopLogprobs] = [[] for _ in reqs]
+    plain = [i for i, r in enumerate(reqs) if _fast_greedy(r)]
     if plain:
         rows = logits[plain]
         ids = rows.argmax(-1)
-        lps = torch.log_softmax(rows, -1).gather(1, ids[:, None]).squeeze(1) if want_lp else None
+        want_lp = any(reqs[i].params.return_log_probs for i in plain)
+        k = max(reqs[i].params.top_logprobs for i in plain)
+        logp = torch.log_softmax(rows, -1) if want_lp or k else None
+        lps = logp.gather(1, ids[:, None]).squeeze(1).tolist() if want_lp else None
         for j, i in enumerate(plain):
             tokens[i] = int(ids[j])
-            if lps is not None:
-                logprobs[i] = float(lps[j])
+            if reqs[i].params.return_log_probs:
+                logprobs[i] = lps[j]
+        asking = [j for j, i in enumerate(plain) if reqs[i].params.top_logprobs]
+        if asking:
+            found = top_logprobs(logp[asking], [reqs[plain[j]].params.top_logprobs for j in asking])
+            for j, top in zip(asking, found):
+                tops[plain[j]] = top
     done = set(plain)
     for i, req in enumerate(reqs):
         if i in done:
             continue
         row = logits[i].clone()
+        if req.embedding_bias is not None:
+            row += req.embedding_bias
         if req.matcher is not None:
             req.matcher.mask(row)
         apply_processors(row, req, end_ids_of(req))
@@ -87,6 +138,10 @@ def sample(logits: torch.Tensor, reqs: list[Request], end_ids_of) -> tuple[list[
         tokens[i] = tok
         if req.matcher is not None:
             req.matcher.accept(tok)
-        if req.params.return_log_probs:
-            logprobs[i] = float(torch.log_softmax(scaled, -1)[tok])
-    return tokens, logprobs
+        if req.params.return_log_probs or req.params.top_logprobs:
+            logp = torch.log_softmax(scaled, -1)
+            if req.params.return_log_probs:
+                logprobs[i] = float(logp[tok])
+            if req.params.top_logprobs:
+                tops[i] = top_logprobs(logp[None], [req.params.top_logprobs])[0]
+    return tokens, logprobs, tops

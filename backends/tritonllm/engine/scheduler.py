@@ -3,9 +3,17 @@
 There are no prefill and decode phases: every request has ``token_ids`` (prompt + generated) and
 ``num_computed`` (tokens whose KV is cached); each step gives requests a number of new tokens to compute so
 that ``num_computed`` catches up with ``len(token_ids)``, within a per-step token budget. A long prompt thus
-prefills in chunks alongside decodes. Running requests are served first (oldest first); when KV blocks run
-out, the newest running request is preempted (blocks freed, recomputed later from its tokens).
+prefills in chunks alongside decodes. Running requests are served first, highest priority first, then
+oldest first; when KV blocks run out, a running request not yet served this step is preempted (blocks
+freed, recomputed later from its tokens): the lowest priority, then the newest.
 Idea after vLLM v1's scheduler; see vllm/v1/core/sched/scheduler.py.
+
+Waiting queue invariants: preempted requests are at its head, in the order they are readmitted; behind
+them, requests are admitted by effective priority ``priority + waited / priority_aging_s`` (TensorRT-LLM's
+[0, 1], higher first), ties by arrival, so with equal priorities the queue is FIFO and is not sorted at
+all. A request with ``prefill_after`` (prefix caching on) is skipped, not blocking the ones behind it,
+while its sibling is in the engine and has not computed its prompt. ``clock`` is the time base of
+``Request.arrival_time``, aging and deadlines (``allotted_time_ms``).
 """
 from __future__ import annotations
 
@@ -30,12 +38,25 @@ class Scheduler:
         self.pool = pool
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.by_id: dict[str, Request] = {}   # every request in the scheduler, waiting or running
+        self.timed: list[Request] = []        # those with a deadline
+        self.clock = time.monotonic
         self.prefix_hits = 0      # prompt tokens reused from the prefix cache (first admissions)
         self.prefix_queries = 0   # prompt tokens looked up
         self.reused_blocks = 0    # blocks taken from the prefix cache (every admission)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        self.by_id[req.request_id] = req
+        if req.deadline is not None:
+            self.timed.append(req)
+
+    def expired(self) -> list[Request]:
+        """Requests past their deadline (waiting or running), in arrival order; the caller removes them."""
+        if not self.timed:
+            return []
+        now = self.clock()
+        return [r for r in self.timed if now >= r.deadline]
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -95,19 +116,68 @@ class Scheduler:
         req.status = Status.WAITING
         self.waiting.appendleft(req)
 
+    @staticmethod
+    def _pick_victim(queue: list[Request], req: Request) -> Request | None:
+        """Pops from ``queue`` (running requests not yet served, in serving order: oldest first within a
+        priority) the lowest priority, then the newest; None when ``req`` itself must go (its priority is
+        strictly the lowest, or nothing is left)."""
+        if not queue:
+            return None
+        i = min(range(len(queue)), key=lambda j: (queue[j].params.priority, -j))
+        if req.params.priority < queue[i].params.priority:
+            return None
+        return queue.pop(i)
+
+    @staticmethod
+    def _uniform(reqs) -> bool:
+        first = reqs[0].params.priority if reqs else 0.0
+        return all(r.params.priority == first for r in reqs)
+
+    def _running_order(self) -> list[Request]:
+        running = list(self.running)         # oldest first (admission order)
+        if not self._uniform(running):
+            running.sort(key=lambda r: -r.params.priority)  # stable: oldest first within a priority
+        return running
+
+    def _waiting_order(self) -> list[Request]:
+        waiting = list(self.waiting)
+        if self._uniform(waiting):
+            return waiting                   # FIFO behind the preempted head: already in order
+        aging = self.config.priority_aging_s
+        now = self.clock()
+
+        def key(r: Request):
+            if r.num_preemptions:            # only preempted requests are at the head (``_preempt``)
+                return (0, 0.0, 0.0)         # stable sort: the head keeps its order
+            waited = (now - r.arrival_time) / aging if aging > 0 else 0.0
+            return (1, -(r.params.priority + waited), r.arrival_time)
+        waiting.sort(key=key)
+        return waiting
+
+    def _deferred(self, req: Request) -> bool:
+        """Waits for the sibling's prompt to be in the prefix cache. Only a sibling without a
+        ``prefill_after`` of its own is waited for, so chains and cycles cannot stall the queue; a
+        preempted request (its prompt was computed once) never waits."""
+        sib_id = req.params.prefill_after
+        if sib_id is None or not self.config.enable_prefix_caching or req.num_preemptions:
+            return False
+        sib = self.by_id.get(sib_id)
+        return (sib is not None and sib is not req and sib.params.prefill_after is None
+                and sib.num_computed < sib.num_prompt)
+
     def schedule(self) -> ScheduledStep:
         budget = self.config.max_num_tokens
         items: list[tuple[Request, int]] = []
         preempted: list[Request] = []
         scheduled_running: list[Request] = []
-        queue = list(self.running)
+        queue = self._running_order()
         while queue and budget > 0:
             req = queue.pop(0)
             n = min(len(req.token_ids) + len(req.draft) - req.num_computed, budget)
             if req.draft:  # a draft rides on a decode: trim it to the budget
                 req.draft = req.draft[:n - 1]
             while not self._grow(req, req.num_computed + n):
-                victim = queue.pop() if queue else None
+                victim = self._pick_victim(queue, req)
                 if victim is None:
                     break
                 self._preempt(victim)
@@ -120,8 +190,12 @@ class Scheduler:
             self._preempt(req)               # nothing left to preempt: this one waits
             preempted.append(req)
         kept = scheduled_running + queue     # `queue` holds running requests the budget did not reach
-        while self.waiting and budget > 0 and len(kept) < self.config.max_num_seqs and not preempted:
-            req = self.waiting[0]
+        order = self._waiting_order() if self.waiting and not preempted else []
+        for req in order:
+            if budget <= 0 or len(kept) >= self.config.max_num_seqs:
+                break
+            if self._deferred(req):
+                continue
             hit = -1
             if self.config.enable_prefix_caching and req.num_computed == 0:
                 hit = self._match_prefix(req)
@@ -134,7 +208,6 @@ class Scheduler:
                     self.free(req)
                     req.num_computed = 0
                 break
-            self.waiting.popleft()
             if hit >= 0 and req.num_preemptions == 0:
                 self.prefix_hits += hit
                 self.prefix_queries += len(req.token_ids)
@@ -147,11 +220,17 @@ class Scheduler:
             items.append((req, n))
             kept.append(req)
             budget -= n
+        if order:
+            self.waiting = deque(r for r in order if r.status is Status.WAITING)
         self.running = kept
         return ScheduledStep(items, preempted)
 
     def remove(self, req: Request) -> None:
-        """Drop a request wherever it is and free its blocks (finish, abort)."""
+        """Drop a request wherever it is and free its blocks (finish, abort, timeout)."""
+        if self.by_id.get(req.request_id) is req:
+            del self.by_id[req.request_id]
+        if req.deadline is not None and req in self.timed:
+            self.timed.remove(req)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:

@@ -20,6 +20,15 @@ import torch
 from .sampler import target_probs
 
 
+def may_draft(req) -> bool:
+    """Whether a request may draft: the verifiers see the raw logits, so only plain temperature / top-k /
+    top-p requests qualify (no penalties, bad words, pending min_tokens, grammar or embedding bias), and
+    they report no top log-probs (``top_logprobs`` > 0 does not draft)."""
+    p = req.params
+    return not (p.needs_penalties or p.bad_words or req.num_output < p.min_tokens or req.matcher is not None
+                or req.embedding_bias is not None or p.top_logprobs)
+
+
 def propose_ngram(tokens: list[int], k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
     if k <= 0:
         return []
