@@ -40,14 +40,16 @@ except ImportError:  # run from a checkout without `pip install -e .`: the libra
 TEXT_MODELS = ("ensemble", "tensorrt_llm_bls")
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 _LOGPROB_OUTPUTS = ("output_log_probs", "cum_log_probs")
+_TOP_OUTPUTS = ("top_log_probs", "top_log_prob_ids")
 
 # name -> (numpy dtype, Triton dtype) of every optional scalar the text models accept, from the contract.
 _TRITON_DTYPE = {"TYPE_STRING": "BYTES"}
 _OPTIONS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",
-            "min_tokens", "end_id", "pad_id", "return_log_probs", "exclude_input_in_output", "lora_task_id")
+            "min_tokens", "end_id", "pad_id", "return_log_probs", "exclude_input_in_output", "lora_task_id",
+            "num_return_sequences", "top_logprobs", "priority")
 _SCALARS: dict[str, tuple[Any, str]] = {
     t.name: (np.dtype(C.numpy_dtype(t.dtype)).type, _TRITON_DTYPE.get(t.dtype, t.dtype[len("TYPE_"):]))
-    for t in C.TEXT_INPUTS if t.name in _OPTIONS}
+    for t in C.BLS_INPUTS if t.name in _OPTIONS}  # the BLS's: NVIDIA's ensemble inputs and ours
 
 
 def default_tokenizer_dir() -> Path:
@@ -96,6 +98,12 @@ class GenerationParams:
     guided_decoding_guide_type: str | None = None  # json, json_schema, regex, ebnf_grammar
     guided_decoding_guide: str | None = None
     lora_task_id: int | None = None  # a LoRA adapter loaded by tensorrt_llm (its lora_adapters parameter)
+    num_return_sequences: int | None = None  # n sequences, told apart by Chunk.sequence_index
+    # Ours (tensorrt_llm_bls only, not NVIDIA's ensemble): alternatives per token, priority in [0, 1],
+    # OpenAI's logit_bias by token id.
+    top_logprobs: int | None = None
+    priority: float | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def arrays(self, prompt: str, stream: bool) -> dict[str, tuple[np.ndarray, str]]:
         """Input name -> (array with the batch dimension, Triton dtype)."""
@@ -117,6 +125,9 @@ class GenerationParams:
             value = getattr(self, name)
             if value is not None:
                 out[name] = (np.array([[value.encode("utf-8")]], dtype=object), "BYTES")
+        if self.logit_bias:
+            out["logit_bias_ids"] = (np.array([list(self.logit_bias)], dtype=np.int32), "INT32")
+            out["logit_bias_weights"] = (np.array([list(self.logit_bias.values())], dtype=np.float32), "FP32")
         return out
 
     def generate_json(self, prompt: str, stream: bool) -> dict[str, Any]:
@@ -125,11 +136,14 @@ class GenerationParams:
         for name, (array, _) in self.arrays(prompt, stream).items():
             values = array.reshape(-1).tolist()
             values = [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
-            body[name] = values if name in ("stop_words", "bad_words") else values[0]
+            body[name] = values if name in ("stop_words", "bad_words", "logit_bias_ids", "logit_bias_weights") \
+                else values[0]
         return body
 
     def requested_outputs(self) -> tuple[str, ...]:
-        return _OUTPUTS + (_LOGPROB_OUTPUTS if self.return_log_probs else ())
+        return (_OUTPUTS + (_LOGPROB_OUTPUTS if self.return_log_probs else ())
+                + (("sequence_index",) if (self.num_return_sequences or 1) > 1 else ())
+                + (_TOP_OUTPUTS if self.top_logprobs else ()))
 
 
 @dataclass
@@ -141,6 +155,8 @@ class Chunk:
     num_output_tokens: int | None = None
     log_probs: list[float] | None = None
     cum_log_prob: float | None = None
+    sequence_index: int = 0
+    top_log_probs: list[list[tuple[int, float]]] | None = None  # per token: (id, log prob), most likely first
 
 
 def chunk_from(get: Callable[[str], Any]) -> Chunk:
@@ -155,12 +171,21 @@ def chunk_from(get: Callable[[str], Any]) -> Chunk:
     text = first("text_output")
     n_in, n_out, cum = first("num_input_tokens"), first("num_output_tokens"), first("cum_log_probs")
     lp = get("output_log_probs")
+    seq = first("sequence_index")
+    top_ids, top_lps = get("top_log_prob_ids"), get("top_log_probs")
+    top = None
+    if top_ids is not None and top_lps is not None:
+        k = np.asarray(top_ids).shape[-1]
+        ids, lps = np.asarray(top_ids).reshape(-1, k), np.asarray(top_lps).reshape(-1, k)
+        top = [[(int(i), float(v)) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(ids, lps)]
     return Chunk(
         text=(text.decode("utf-8") if isinstance(text, bytes) else str(text)) if text is not None else "",
         num_input_tokens=int(n_in) if n_in is not None else None,
         num_output_tokens=int(n_out) if n_out is not None else None,
         log_probs=[float(x) for x in np.asarray(lp).reshape(-1)] if lp is not None else None,
         cum_log_prob=float(cum) if cum is not None else None,
+        sequence_index=int(seq) if seq is not None else 0,
+        top_log_probs=top,
     )
 
 

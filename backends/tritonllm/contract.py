@@ -49,6 +49,21 @@ LLMAPI = "llmapi"                  # NVIDIA's LLM-API text contract (contract_ll
 DECOUPLED_MODE_MODELS = (TENSORRT_LLM, BLS, LLMAPI)
 
 # --------------------------------------------------------------------------- tensorrt_llm
+# Not NVIDIA's: request options of our engine that NVIDIA's tensorrt_llm model has no input for (TensorRT-LLM
+# has them in its LLM API / executor): how many most likely alternatives to return per generated token
+# (OpenAI's top_logprobs, TensorRT-LLM SamplingParams.logprobs), and the executor's request priority in
+# [0, 1], higher first (default 0.5). The BLS takes them from the client too; the GPU profile drops them.
+ENGINE_REQUEST_INPUTS: tuple[Tensor, ...] = (
+    Tensor("top_logprobs", "TYPE_INT32", (1,), optional=True, reshape=(), nvidia=False),
+    Tensor("priority", "TYPE_FP32", (1,), optional=True, reshape=(), nvidia=False),
+)
+# ... and their outputs: per response [1, tokens, top_logprobs], the alternatives of each new token by
+# descending log prob (present when top_logprobs > 0).
+TOP_LOGPROB_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("top_log_probs", "TYPE_FP32", (-1, -1), nvidia=False),
+    Tensor("top_log_prob_ids", "TYPE_INT32", (-1, -1), nvidia=False),
+)
+
 # input_ids is optional in NVIDIA's current config only because encoder-decoder models send
 # encoder_input_features instead; the decoder-only engine answers INVALID_ARG when it is missing.
 TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
@@ -85,6 +100,7 @@ TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
     # Not NVIDIA's (see ENGINE_WIRING): the request comes through the ensemble, so errors also name the
     # ensemble's inputs ("request_output_len (max_tokens)"); a raw request gets our names only.
     Tensor("ensemble_names", "TYPE_BOOL", (1,), optional=True, reshape=(), nvidia=False),
+    *ENGINE_REQUEST_INPUTS,
 )
 
 # TensorRT-LLM's per-request perf metrics (return_perf_metrics), [1]-shaped outputs.
@@ -138,7 +154,7 @@ ENGINE_STREAM_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("is_final", "TYPE_BOOL", (1,), nvidia=False),
 )
 
-TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS)
+TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS, *TOP_LOGPROB_OUTPUTS)
 
 # --------------------------------------------------------------------------- preprocessing (tokenizer)
 # QUERY and REQUEST_OUTPUT_LEN: optional here, required by the step itself (see TEXT_INPUTS).
@@ -217,6 +233,16 @@ TEXT_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "TYPE_STRING", (-1,)),
     *_PASSTHROUGH_OUTPUTS,
 )
+# The BLS (ours, also on GPU hosts) takes more than NVIDIA's ensemble: the engine's request options, and
+# OpenAI's logit_bias by token id (added to preprocessing's EMBEDDING_BIAS: the ensemble has only
+# NVIDIA's bias by words); it returns the top log probs.
+BLS_INPUTS: tuple[Tensor, ...] = (
+    *TEXT_INPUTS,
+    *(Tensor(t.name, t.dtype, t.dims, optional=True, nvidia=False) for t in ENGINE_REQUEST_INPUTS),
+    Tensor("logit_bias_ids", "TYPE_INT32", (-1,), optional=True, nvidia=False),
+    Tensor("logit_bias_weights", "TYPE_FP32", (-1,), optional=True, nvidia=False),
+)
+BLS_OUTPUTS: tuple[Tensor, ...] = (*TEXT_OUTPUTS, *TOP_LOGPROB_OUTPUTS)
 
 # --------------------------------------------------------------------------- ensemble wiring (NVIDIA's)
 # Internal tensors carry NVIDIA's names (leading underscore) so their ensemble reads the same.
@@ -309,7 +335,7 @@ MODEL_TENSORS: dict[str, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {
     TENSORRT_LLM: (TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS),
     POSTPROCESSING: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
     ENSEMBLE: (TEXT_INPUTS, TEXT_OUTPUTS),
-    BLS: (TEXT_INPUTS, TEXT_OUTPUTS),
+    BLS: (BLS_INPUTS, BLS_OUTPUTS),
     PROMPT_GUARD: (PROMPT_GUARD_INPUTS, PROMPT_GUARD_OUTPUTS),
     ROUTER: (TEXT_INPUTS, (*TEXT_OUTPUTS, ROUTE_OUTPUT, *MODERATION_OUTPUTS)),
     MODERATED: (TEXT_INPUTS, (*TEXT_OUTPUTS, ROUTE_OUTPUT, *MODERATION_OUTPUTS)),

@@ -17,9 +17,15 @@ from their source, not run here):
   ``beam_search_diversity_rate`` (beam search only; beam width is 1), ``pad_id`` (pads beams),
   ``draft_input_ids`` (client drafts; verification is lossless, so only speed is lost), and
   ``runtime_top_p_min`` / ``runtime_top_p_reset_ids`` (they only shape a top-p decay, which is refused);
+- ``num_return_sequences`` n: n engine requests of the row (``llm_jobs.sequence_params``: seeds seed + i,
+  prompt KV shared), each answering with ``sequence_index`` (only when n > 1); decoupled models only;
+- ``embedding_bias`` (dense, added to the logits), ``top_logprobs`` / ``priority`` (ours) and the
+  request's Triton timeout (the engine's allotted time: the request ends normally, tokens so far) go to
+  the engine;
 - outputs appear only when asked for: log probs with ``return_log_probs``, ``num_input_tokens`` /
   ``num_output_tokens`` with ``return_num_input_tokens`` / ``return_num_output_tokens``, the ten perf
-  tensors with ``return_perf_metrics``, ``batch_index`` when the batch has more than one row.
+  tensors with ``return_perf_metrics``, ``batch_index`` when the batch has more than one row,
+  ``top_log_probs`` / ``top_log_prob_ids`` with ``top_logprobs`` > 0.
   ``num_output_tokens`` counts the ids of *that* response (the prompt too when it is included).
 """
 from __future__ import annotations
@@ -27,14 +33,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from . import contract as C
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
+MAX_RETURN_SEQUENCES = 16
 _DTYPES = {t.name: np.dtype(C.numpy_dtype(t.dtype)) for t in C.TENSORRT_LLM_INPUTS}
 INPUT_NAMES = tuple(t.name for t in C.TENSORRT_LLM_INPUTS)
 
 
+# Each sequence answers on its own responses (NVIDIA's backend): a unary model has one response to give.
+SEQUENCES_NEED_DECOUPLED = ("several sequences answer on their own responses, which needs decoupled mode "
+                            "(deployment.yaml: llm.decoupled_mode)")
 # NVIDIA's refusal of streaming by a model that is not decoupled (their utils.cc), plus how to switch.
 STREAMING_NEEDS_DECOUPLED = ("Streaming is only supported if model is deployed using decoupled mode. "
                              "(deployment.yaml: llm.decoupled_mode, or serve without --model-config-name unary)")
@@ -48,6 +59,7 @@ class OutputFlags:
     num_input_tokens: bool = False
     num_output_tokens: bool = False
     perf_metrics: bool = False
+    top_logprobs: int = 0     # alternatives per token in top_log_probs / top_log_prob_ids (ours)
 
 
 @dataclass
@@ -59,6 +71,7 @@ class ParsedRequest:
     streaming: bool
     exclude_input: bool
     flags: OutputFlags
+    num_sequences: int = 1    # num_return_sequences: each sequence is its own engine request
 
 
 @dataclass
@@ -139,7 +152,7 @@ def _rows(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     return C.batch_rows(arrays, "input_ids", InvalidRequest)
 
 
-def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool) -> ParsedRequest:
+def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeout_us: int) -> ParsedRequest:
     prompt = arrays["input_ids"].reshape(-1).tolist()
     n = _scalar(arrays, "input_lengths")
     if n is None:
@@ -154,15 +167,14 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool) -> Pa
     if beam != 1:
         raise InvalidRequest(f"beam_width {beam} is not supported (only 1)")
     nret = _scalar(arrays, "num_return_sequences", 1)
-    if nret != 1:
-        raise InvalidRequest(f"num_return_sequences {nret} is not supported (only 1)")
+    if not 1 <= nret <= MAX_RETURN_SEQUENCES:
+        raise InvalidRequest(f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {nret}")
     for name in ("lora_weights", "lora_config"):
         if arrays.get(name) is not None and arrays[name].size:
             raise InvalidRequest(f"{name}: in-request LoRA weights are not supported; adapters are loaded from "
                                  "the model's lora_adapters parameter and chosen with lora_task_id")
     bias = arrays.get("embedding_bias")
-    if bias is not None and bias.size:
-        raise InvalidRequest("embedding_bias is not supported by this engine")
+    bias = torch.from_numpy(np.array(bias, dtype=np.float32).reshape(-1)) if bias is not None and bias.size else None
     for flag in ("return_context_logits", "return_generation_logits"):
         if _scalar(arrays, flag, False):
             raise InvalidRequest(f"{flag} is not supported by this engine")
@@ -189,18 +201,25 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool) -> Pa
         return_log_probs=bool(_scalar(arrays, "return_log_probs", False)),
         guide=guide,
         lora_task_id=int(lora) if lora is not None else None,
+        embedding_bias=bias,
+        top_logprobs=int(_scalar(arrays, "top_logprobs", 0)),
+        priority=float(_scalar(arrays, "priority", 0.5)),
+        allotted_time_ms=-(-timeout_us // 1000) if timeout_us > 0 else None,
     )
     flags = OutputFlags(log_probs=params.return_log_probs,
                         num_input_tokens=bool(_scalar(arrays, "return_num_input_tokens", False)),
                         num_output_tokens=bool(_scalar(arrays, "return_num_output_tokens", False)),
-                        perf_metrics=bool(_scalar(arrays, "return_perf_metrics", False)))
+                        perf_metrics=bool(_scalar(arrays, "return_perf_metrics", False)),
+                        top_logprobs=params.top_logprobs)
     return ParsedRequest(prompt, params, bool(_scalar(arrays, "streaming", False)),
-                         bool(_scalar(arrays, "exclude_input_in_output", default_exclude_input)), flags)
+                         bool(_scalar(arrays, "exclude_input_in_output", default_exclude_input)), flags,
+                         num_sequences=int(nret))
 
 
-def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) -> ParsedBatch:
+def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeout_us: int = 0) -> ParsedBatch:
     """One Triton request -> its rows (see the module docstring); InvalidRequest names the input, and the
-    row (``batch item 2: ...``) when the batch has several."""
+    row (``batch item 2: ...``) when the batch has several. ``timeout_us`` is the request's Triton timeout
+    (0 = none): the engine's allotted time (TensorRT-LLM's allotted_time_ms)."""
     if is_stop_request(arrays):
         return ParsedBatch([], stop=True)
     _check_dtypes(arrays)
@@ -208,7 +227,7 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
     parsed = []
     for i, row in enumerate(rows):
         try:
-            parsed.append(_parse_row(row, default_exclude_input))
+            parsed.append(_parse_row(row, default_exclude_input, timeout_us))
         except InvalidRequest as e:
             raise InvalidRequest(f"batch item {i}: {e}" if len(rows) > 1 else str(e)) from None
     return ParsedBatch(parsed)
@@ -216,7 +235,8 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool) ->
 
 def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: float, num_input: int,
                     flags: OutputFlags, metrics: RequestMetrics | None = None, batch_index: int | None = None,
-                    request_key: int = 0, is_final: bool = True) -> dict[str, np.ndarray]:
+                    request_key: int = 0, is_final: bool = True, sequence_index: int | None = None,
+                    top: list[list[tuple[int, float]]] | None = None) -> dict[str, np.ndarray]:
     """Arrays of one response of one row: batch 1, beam 1 (output_ids [1, 1, N], sequence_length [1, 1], ...).
 
     `request_key` (unique per engine request) and `is_final` are not NVIDIA outputs: wired to the
@@ -232,6 +252,10 @@ def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: fl
         out["output_log_probs"] = np.asarray(logprobs, dtype=np.float32).reshape(1, 1, len(logprobs))
     if batch_index is not None:
         out["batch_index"] = np.asarray([[batch_index]], dtype=np.int32)
+    if sequence_index is not None:
+        out["sequence_index"] = np.asarray([[sequence_index]], dtype=np.int32)
+    if flags.top_logprobs:
+        out.update(top_arrays(top or [], flags.top_logprobs))
     if flags.num_input_tokens:
         out["num_input_tokens"] = np.asarray([[num_input]], dtype=np.int32)
     if flags.num_output_tokens:
@@ -241,6 +265,17 @@ def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: fl
     out["request_key"] = np.asarray([[request_key]], dtype=np.uint64)
     out["is_final"] = np.asarray([[is_final]], dtype=np.bool_)
     return out
+
+
+def top_arrays(top: list[list[tuple[int, float]]], k: int) -> dict[str, np.ndarray]:
+    """``top_log_prob_ids`` / ``top_log_probs`` [1, tokens, k] of one response (rows padded with id -1 and
+    -inf should the vocabulary hold fewer than k tokens)."""
+    ids = np.full((1, len(top), k), -1, dtype=np.int32)
+    lps = np.full((1, len(top), k), -np.inf, dtype=np.float32)
+    for t, alternatives in enumerate(top):
+        for j, (tok, lp) in enumerate(alternatives[:k]):
+            ids[0, t, j], lps[0, t, j] = tok, lp
+    return {"top_log_prob_ids": ids, "top_log_probs": lps}
 
 
 def perf_arrays(m: RequestMetrics) -> dict[str, np.ndarray]:

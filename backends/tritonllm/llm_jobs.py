@@ -23,7 +23,9 @@ Threads: ``add`` (executing thread), ``on_output`` (one responder thread), ``can
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine.request import RequestOutput
+from .engine.request import RequestOutput, SamplingParams
 from .llm_io import ParsedBatch, ParsedRequest, response_arrays, stack_rows
 
 INTERNAL, CANCELLED = "INTERNAL", "CANCELLED"
@@ -61,7 +63,8 @@ class Job:
     sender: Any
     triton_id: str
     decoupled: bool
-    rows: list["Row"] = field(default_factory=list)
+    rows: list["Row"] = field(default_factory=list)  # every sequence of every batch row
+    batch_size: int = 1
     pending: int = 0
     cancelled: bool = False      # set by the watcher: aborts are answered CANCELLED
     done: list[dict[str, np.ndarray] | None] = field(default_factory=list)  # unary: each row's arrays
@@ -73,8 +76,11 @@ class Row:
     index: int
     rid: str
     request: ParsedRequest
+    params: SamplingParams               # the request's, with this sequence's seed and prefill_after
+    seq: int = 0                          # sequence_index (num_return_sequences > 1)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     num_out: int = 0
@@ -87,6 +93,18 @@ class Row:
         return self.first_token - self.arrival, tpot
 
 
+def sequence_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The engine params of each of ``n`` sequences of one prompt (num_return_sequences). As TensorRT-LLM
+    seeds child requests (``llmRequest.cpp``, createChildRequest): sequence i samples with seed + i; an
+    unseeded request gets a random base seed (TensorRT-LLM's default base is 0: every unseeded request
+    would repeat the same samples, unlike OpenAI's n). The 2nd..nth wait for the first to compute the
+    prompt and reuse its KV blocks (``prefill_after``; prefix caching on)."""
+    if n == 1:
+        return [params]
+    base = params.seed if params.seed is not None else random.getrandbits(62)
+    return [dataclasses.replace(params, seed=(base + i) % 2**64) for i in range(n)]
+
+
 class Jobs:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -94,10 +112,17 @@ class Jobs:
         self._ids = itertools.count()
 
     def add(self, sender, triton_id: str, batch: ParsedBatch, decoupled: bool) -> Job:
-        job = Job(sender, triton_id, decoupled)
+        job = Job(sender, triton_id, decoupled, batch_size=len(batch.rows))
         with self._lock:
             for i, parsed in enumerate(batch.rows):
-                job.rows.append(Row(job, i, str(next(self._ids)), parsed))
+                first = None
+                for seq, params in enumerate(sequence_params(parsed.params, parsed.num_sequences)):
+                    rid = str(next(self._ids))
+                    if first is None:
+                        first = rid
+                    else:
+                        params.prefill_after = first
+                    job.rows.append(Row(job, i, rid, parsed, params, seq))
             job.pending = len(job.rows)
             job.done = [None] * len(job.rows)
             self._rows.update((row.rid, row) for row in job.rows)
@@ -163,23 +188,25 @@ class Jobs:
 
     def _data(self, row: Row, out: RequestOutput) -> list[Reply]:
         job, req = row.job, row.request
-        batch_index = row.index if job.decoupled and len(job.rows) > 1 else None
+        batch_index = row.index if job.decoupled and job.batch_size > 1 else None
+        sequence_index = row.seq if req.num_sequences > 1 else None
 
-        def arrays(ids, logprobs):
+        def arrays(ids, logprobs, top):
             return response_arrays(ids, logprobs, out.cum_logprob, out.num_prompt_tokens, req.flags, out.metrics,
-                                   batch_index, int(row.rid), out.finished)
+                                   batch_index, int(row.rid), out.finished, sequence_index, top)
 
         if req.streaming:  # decoupled only (unary refuses streaming); a finished stream ends with data
             if not (out.new_token_ids or out.finished):
                 return []
             last = out.finished and job.pending == 0
-            return [Reply(job.sender, arrays(out.new_token_ids, out.new_logprobs), final=last)]
+            return [Reply(job.sender, arrays(out.new_token_ids, out.new_logprobs, out.new_top_logprobs), final=last)]
         row.tokens.extend(out.new_token_ids)
         row.logprobs.extend(out.new_logprobs)
+        row.top.extend(out.new_top_logprobs)
         if not out.finished:
             return []
         ids = row.tokens if req.exclude_input else req.prompt_ids + row.tokens
-        mine = arrays(ids, row.logprobs)
+        mine = arrays(ids, row.logprobs, row.top)
         if job.decoupled:
             return [Reply(job.sender, mine, final=job.pending == 0)]
         job.done[row.index] = mine

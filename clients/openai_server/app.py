@@ -34,8 +34,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from clients.openai_server.protocol import ApiError, ChatCompletionRequest, CompletionRequest
-from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat_logprobs, completion_body,
-                                             completion_logprobs, new_id, sum_usage)
+from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat_logprobs, choices_usage,
+                                             completion_body, completion_logprobs, new_id, sum_usage)
 from clients.openai_server.chat_answer import ChatAnswer
 from clients.openai_server.tool_calls import PARSERS as TOOL_PARSERS, json_array, named
 from clients.openai_server.triton import TritonText
@@ -62,6 +62,11 @@ class Settings:
 
 def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode("utf-8")
+
+
+def sequence(outcomes: list, chunk: Chunk):
+    """The outcome a chunk belongs to (its sequence_index; 0 when the model sent none)."""
+    return outcomes[chunk.sequence_index if 0 <= chunk.sequence_index < len(outcomes) else 0]
 
 
 async def _first(chunks: AsyncIterator[Chunk]) -> Chunk | None:
@@ -116,15 +121,18 @@ def create_app(settings: Settings) -> FastAPI:
         raise ApiError(404, f"The model `{name}` does not exist", "invalid_request_error", "model",
                        "model_not_found")
 
-    async def start(prompt: str, params: GenerationParams, stream: bool, model: str | None):
-        chunks = triton.generate(prompt, params, stream, model)
+    async def start(prompt: str, params: GenerationParams, stream: bool, model: str | None,
+                    timeout_us: int | None = None):
+        chunks = triton.generate(prompt, params, stream, model, timeout_us)
         return chunks, await _first(chunks)
 
-    async def run_to_end(prompt: str, params: GenerationParams, model: str | None) -> Outcome:
-        outcome = Outcome()
-        async for chunk in triton.generate(prompt, params, False, model):
-            outcome.add(chunk)
-        return outcome
+    async def run_to_end(prompt: str, params: GenerationParams, model: str | None,
+                         timeout_us: int | None = None) -> list[Outcome]:
+        """One Outcome per sequence (``n``), by the chunks' sequence_index."""
+        outcomes = [Outcome() for _ in range(params.num_return_sequences or 1)]
+        async for chunk in triton.generate(prompt, params, False, model, timeout_us):
+            sequence(outcomes, chunk).add(chunk)
+        return outcomes
 
     async def stream_events(first: Chunk | None, chunks: AsyncIterator[Chunk], make_event) -> AsyncIterator[bytes]:
         """SSE of ``make_event(chunk)`` for every chunk, then ``make_event(None)`` (the closing events)."""
@@ -161,8 +169,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     async def _generate_one() -> tuple[int, dict]:
         try:
-            outcome = await asyncio.wait_for(run_to_end("Hello", GenerationParams(max_tokens=1), None),
-                                             settings.health_generate_timeout_s)
+            (outcome,) = await asyncio.wait_for(run_to_end("Hello", GenerationParams(max_tokens=1), None),
+                                                settings.health_generate_timeout_s)
             return 200, {"status": "ok", "triton_model": await triton.resolve(),
                          "completion_tokens": outcome.completion_tokens}
         except asyncio.TimeoutError:
@@ -183,43 +191,48 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
-        req.check_supported()
-        model, prompts = triton_model(req.model), req.prompts()
+        model, prompts, n = triton_model(req.model), req.prompts(), req.n
         max_tokens = req.max_tokens or 16
-        params = req.generation_params(max_tokens, req.logprobs is not None, req.extra_guide())
+        params = req.generation_params(max_tokens, req.logprobs is not None, req.extra_guide(), req.logprobs or 0)
         params.lora_task_id = settings.lora_modules.get(req.model)
         rid = new_id("cmpl")
         if not req.stream:
-            outcomes = await asyncio.gather(*(run_to_end(p, params, model) for p in prompts))
+            results = await asyncio.gather(*(run_to_end(p, params, model, req.timeout_us()) for p in prompts))
             choices = []
-            for i, (prompt, o) in enumerate(zip(prompts, outcomes)):
+            for i, (prompt, outcomes) in enumerate(zip(prompts, results)):
                 head = prompt if req.echo else ""
-                lp = completion_logprobs(tools, o.text, o.log_probs, len(head)) if req.logprobs is not None else None
-                choices.append({"index": i, "text": head + o.text, "logprobs": lp,
-                                "finish_reason": o.finish_reason(max_tokens)})
-            usage = sum_usage([o.usage(tools, p) for p, o in zip(prompts, outcomes)])
+                for j, o in enumerate(outcomes):  # OpenAI's order: prompt by prompt, n choices each
+                    lp = (completion_logprobs(tools, o.text, o.log_probs, len(head), o.top)
+                          if req.logprobs is not None else None)
+                    choices.append({"index": i * n + j, "text": head + o.text, "logprobs": lp,
+                                    "finish_reason": o.finish_reason(max_tokens)})
+            usage = sum_usage([choices_usage(tools, p, outs) for p, outs in zip(prompts, results)])
             return completion_body(rid, req.model, choices, usage)
 
-        prompt, outcome = prompts[0], Outcome()
-        chunks, first = await start(prompt, params, True, model)
+        prompt, outcomes = prompts[0], [Outcome() for _ in range(n)]
+        chunks, first = await start(prompt, params, True, model, req.timeout_us())
         usage_field = {"usage": None} if req.include_usage() else {}
-        echo = [req.echo]
+        echo = [req.echo] * n
+
+        def body(index: int, text: str, logprobs, finish: str | None) -> dict:
+            return {**completion_body(rid, req.model, [{"index": index, "text": text, "logprobs": logprobs,
+                                                         "finish_reason": finish}], None), **usage_field}
 
         def events(chunk: Chunk | None):
             if chunk is None:
-                yield {**completion_body(rid, req.model, [{"index": 0, "text": "", "logprobs": None,
-                        "finish_reason": outcome.finish_reason(max_tokens)}], None), **usage_field}
+                for j, o in enumerate(outcomes):
+                    yield body(j, "", None, o.finish_reason(max_tokens))
                 if req.include_usage():
-                    yield completion_body(rid, req.model, [], outcome.usage(tools, prompt))
+                    yield completion_body(rid, req.model, [], choices_usage(tools, prompt, outcomes))
                 return
-            outcome.add(chunk)
-            head = prompt if echo[0] else ""
-            echo[0] = False
-            lp = (completion_logprobs(tools, chunk.text, chunk.log_probs or [])
+            j = chunk.sequence_index if 0 <= chunk.sequence_index < n else 0
+            outcomes[j].add(chunk)
+            head = prompt if echo[j] else ""
+            echo[j] = False
+            lp = (completion_logprobs(tools, chunk.text, chunk.log_probs or [], top=chunk.top_log_probs)
                   if req.logprobs is not None else None)
             if chunk.text or head:
-                yield {**completion_body(rid, req.model, [{"index": 0, "text": head + chunk.text, "logprobs": lp,
-                                                           "finish_reason": None}], None), **usage_field}
+                yield body(j, head + chunk.text, lp, None)
 
         return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
 
@@ -246,50 +259,58 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest):
         req.check_supported()
-        model = triton_model(req.model)
+        model, n = triton_model(req.model), req.n
         mode = tool_mode(req)
         # tool_choice "none": the tools are not shown to the model, which then cannot call them
         prompt = tools.chat_prompt(req.chat_messages(), req.tool_dicts() if mode not in (None, "none") else None)
-        guide = req.guide(mode)
         max_tokens = req.max_new_tokens() or settings.default_max_tokens
-        params = req.generation_params(max_tokens, req.logprobs, guide)
+        params = req.generation_params(max_tokens, req.logprobs, req.guide(mode), req.top_logprobs_count())
         params.lora_task_id = settings.lora_modules.get(req.model)
         rid = new_id("chatcmpl")
         if not req.stream:
-            o = await run_to_end(prompt, params, model)
-            message = new_answer(mode).message(o.text)
-            choice = {"index": 0, "message": message,
-                      "logprobs": chat_logprobs(tools, o.text, o.log_probs) if req.logprobs else None,
-                      "finish_reason": chat_finish(mode, bool(message.get("tool_calls")),
-                                                   o.finish_reason(max_tokens))}
-            return chat_body(rid, req.model, [choice], o.usage(tools, prompt))
+            outcomes = await run_to_end(prompt, params, model, req.timeout_us())
+            choices = []
+            for j, o in enumerate(outcomes):
+                message = new_answer(mode).message(o.text)
+                choices.append({"index": j, "message": message,
+                                "logprobs": chat_logprobs(tools, o.text, o.log_probs, o.top) if req.logprobs else None,
+                                "finish_reason": chat_finish(mode, bool(message.get("tool_calls")),
+                                                             o.finish_reason(max_tokens))})
+            return chat_body(rid, req.model, choices, choices_usage(tools, prompt, outcomes))
 
-        outcome, answer = Outcome(), new_answer(mode)
-        chunks, first = await start(prompt, params, True, model)
+        outcomes, answers = [Outcome() for _ in range(n)], [new_answer(mode) for _ in range(n)]
+        chunks, first = await start(prompt, params, True, model, req.timeout_us())
         usage_field = {"usage": None} if req.include_usage() else {}
+        role_sent, pending_lp = [False] * n, [[] for _ in range(n)]
 
-        def choice(delta: dict, finish: str | None = None, logprobs=None) -> dict:
-            return {**chat_body(rid, req.model, [{"index": 0, "delta": delta, "logprobs": logprobs,
+        def choice(j: int, delta: dict, finish: str | None = None, logprobs=None) -> dict:
+            return {**chat_body(rid, req.model, [{"index": j, "delta": delta, "logprobs": logprobs,
                                                   "finish_reason": finish}], None, chunk=True), **usage_field}
 
-        role_sent, pending_lp = [False], []
+        def deltas(j: int, text: str, final: bool):
+            if not role_sent[j]:  # OpenAI's first chunk of a choice carries the role only
+                role_sent[j] = True
+                yield choice(j, {"role": "assistant", "content": ""})
+            for delta in answers[j].deltas(text, final=final):
+                # parsers may hold text back: log probs ride on the next delta sent
+                lp = {"content": pending_lp[j][:]} if req.logprobs and pending_lp[j] else None
+                pending_lp[j].clear()
+                yield choice(j, delta, None, lp)
 
         def events(chunk: Chunk | None):
-            if not role_sent[0]:  # OpenAI's first chunk carries the role only
-                role_sent[0] = True
-                yield choice({"role": "assistant", "content": ""})
-            if chunk is not None:
-                outcome.add(chunk)
-                if req.logprobs:  # parsers may hold text back: log probs ride on the next delta sent
-                    pending_lp.extend(chat_logprobs(tools, chunk.text, chunk.log_probs or [])["content"])
-            for delta in answer.deltas(chunk.text if chunk is not None else "", final=chunk is None):
-                lp = {"content": pending_lp[:]} if req.logprobs and pending_lp else None
-                pending_lp.clear()
-                yield choice(delta, None, lp)
             if chunk is None:
-                yield choice({}, chat_finish(mode, answer.called, outcome.finish_reason(max_tokens)))
+                for j in range(n):
+                    yield from deltas(j, "", True)
+                    yield choice(j, {}, chat_finish(mode, answers[j].called, outcomes[j].finish_reason(max_tokens)))
                 if req.include_usage():
-                    yield chat_body(rid, req.model, [], outcome.usage(tools, prompt), chunk=True)
+                    yield chat_body(rid, req.model, [], choices_usage(tools, prompt, outcomes), chunk=True)
+                return
+            j = chunk.sequence_index if 0 <= chunk.sequence_index < n else 0
+            outcomes[j].add(chunk)
+            if req.logprobs:
+                pending_lp[j].extend(chat_logprobs(tools, chunk.text, chunk.log_probs or [],
+                                                   chunk.top_log_probs)["content"])
+            yield from deltas(j, chunk.text, False)
 
         return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
 

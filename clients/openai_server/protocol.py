@@ -4,13 +4,17 @@ Invariants:
 - OpenAI semantics win over TensorRT-LLM defaults: TensorRT-LLM decodes greedily when neither top_k nor
   top_p is set, OpenAI samples the full distribution (temperature 1, top_p 1). So temperature and top_p
   are always sent; ``temperature == 0`` means greedy.
-- Unsupported options are refused with a 400 (``ApiError``), never silently ignored: ``n > 1``,
-  ``best_of > 1``, streaming several prompts, ``logit_bias``, token-id prompts.
+- Unsupported options are refused with a 400 (``ApiError``), never silently ignored: ``best_of > 1``,
+  streaming several prompts, token-id prompts, ``suffix``.
+- ``n`` > 1 is NVIDIA's ``num_return_sequences`` (one Triton request; sequences told apart by
+  ``sequence_index``); ``logit_bias`` goes by token id to the BLS (``logit_bias_ids`` / ``_weights``),
+  ``top_logprobs`` / completions' ``logprobs`` count to its ``top_logprobs``.
 - ``response_format`` json_schema / json_object become ``guided_decoding_guide_type`` json_schema / json
   (+ the schema as ``guided_decoding_guide``); the engine compiles the grammar, and one it cannot compile
   is its INVALID_ARG -> 400.
-- Non-OpenAI sampling extras accepted in the body (``extra_body`` in the SDK): top_k, min_tokens,
-  repetition_penalty.
+- Non-OpenAI extras accepted in the body (``extra_body`` in the SDK): top_k, min_tokens,
+  repetition_penalty, priority and allotted_time_ms (TensorRT-LLM's), guided_json / guided_regex /
+  guided_choice / guided_grammar (vLLM's).
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=16)  # tensorrt_llm's num_return_sequences cap (llm_io)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -59,6 +63,10 @@ class _Common(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     min_tokens: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
+    # TensorRT-LLM's request priority ([0, 1], higher admitted first; trtllm-serve's extra) and allotted
+    # time (sent as Triton's request timeout; the request then ends with the text so far).
+    priority: float | None = Field(default=None, ge=0.0, le=1.0)
+    allotted_time_ms: int | None = Field(default=None, ge=1)
     # vLLM's guided-decoding extras: the engine's guide types (json_schema, regex, choice as a regex, ebnf)
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -92,14 +100,22 @@ class _Common(BaseModel):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return [s for s in stops if s]
 
-    def check_supported(self) -> None:
-        if self.n != 1:
-            raise ApiError(400, "only n=1 is supported", param="n")
-        if self.logit_bias:
-            raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+    def token_bias(self) -> dict[int, float]:
+        """``logit_bias`` as token id -> bias (OpenAI's: ids as strings, bias in [-100, 100])."""
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+            if token < 0 or not -100.0 <= value <= 100.0:
+                raise ApiError(400, f"logit_bias: token ids must be >= 0 and biases in [-100, 100], got "
+                                    f"{key}: {value}", param="logit_bias")
+            out[token] = float(value)
+        return out
 
     def generation_params(self, max_tokens: int, want_log_probs: bool,
-                          guide: tuple[str, str] | None = None) -> GenerationParams:
+                          guide: tuple[str, str] | None = None, top_logprobs: int = 0) -> GenerationParams:
         return GenerationParams(
             max_tokens=max_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
@@ -109,7 +125,12 @@ class _Common(BaseModel):
             stop_words=self.stop_list(),
             guided_decoding_guide_type=guide[0] if guide else None,
             guided_decoding_guide=guide[1] if guide else None,
+            num_return_sequences=self.n if self.n > 1 else None,
+            top_logprobs=top_logprobs or None, priority=self.priority, logit_bias=self.token_bias(),
         )
+
+    def timeout_us(self) -> int | None:
+        return self.allotted_time_ms * 1000 if self.allotted_time_ms else None
 
 
 class CompletionRequest(_Common):
@@ -216,6 +237,23 @@ class ChatCompletionRequest(_Common):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    # OpenAI fields this text server cannot honour: refused when given, not ignored
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        for name in ("audio", "prediction", "web_search_options"):
+            if getattr(self, name) is not None:
+                raise ApiError(400, f"{name} is not supported by this server", param=name)
+        if self.modalities not in (None, ["text"]):
+            raise ApiError(400, "only the text modality is supported", param="modalities")
+
+    def top_logprobs_count(self) -> int:
+        if self.top_logprobs and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return self.top_logprobs or 0
 
     def chat_messages(self) -> list[dict[str, Any]]:
         return [m.for_template() for m in self.messages]

@@ -9,7 +9,10 @@ Invariants:
 - Logprobs: the engine returns one log probability per generated token but not the token strings. Token
   strings come from re-tokenizing the generated text; when that does not give as many tokens as log probs
   (a BPE merge differs, or a stop string cut the text), tokens are reported as "" rather than guessed.
-  ``top_logprobs`` are always empty lists (the engine does not return alternatives).
+  ``top_logprobs`` are the engine's alternatives (token ids decoded one by one), empty lists when none
+  were asked for.
+- With ``n`` > 1 each sequence is one ``Outcome``; usage counts the prompt once and every sequence's
+  completion tokens (OpenAI's accounting).
 - The chat template is rendered client-side (transformers' ``apply_chat_template``, local files, no
   repository code). Triton's preprocessing adds special tokens again, so a BOS the template already wrote
   is removed from the rendered text: the model sees exactly one.
@@ -64,6 +67,9 @@ class TextTools:
             return 0
         return len(self.tokenizer(text, add_special_tokens=prompt).input_ids)
 
+    def token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
+
     def tokens(self, text: str, n: int) -> list[str]:
         """``n`` token strings for ``text`` (see the module docstring: "" when re-tokenizing disagrees)."""
         if n == 1:
@@ -81,12 +87,14 @@ class Outcome:
 
     text: str = ""
     log_probs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
     def add(self, chunk) -> None:
         self.text += chunk.text
         self.log_probs.extend(chunk.log_probs or [])
+        self.top.extend(chunk.top_log_probs or [])
         if chunk.num_input_tokens is not None:
             self.prompt_tokens = chunk.num_input_tokens
         if chunk.num_output_tokens is not None:
@@ -101,20 +109,31 @@ class Outcome:
         return "length" if (self.completion_tokens or 0) >= max_tokens else "stop"
 
 
-def completion_logprobs(tools: TextTools, text: str, log_probs: list[float], offset: int = 0) -> dict[str, Any]:
+def _tops(top: list[list[tuple[int, float]]] | None, n: int) -> list[list[tuple[int, float]]]:
+    top = list(top or [])
+    return top[:n] + [[] for _ in range(n - len(top))]
+
+
+def completion_logprobs(tools: TextTools, text: str, log_probs: list[float], offset: int = 0,
+                        top: list[list[tuple[int, float]]] | None = None) -> dict[str, Any]:
     tokens = tools.tokens(text, len(log_probs))
     offsets, pos = [], offset
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": [{} for _ in tokens],
-            "text_offset": offsets}
+    alternatives = [{tools.token(i): lp for i, lp in alts} for alts in _tops(top, len(tokens))]
+    return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": alternatives, "text_offset": offsets}
 
 
-def chat_logprobs(tools: TextTools, text: str, log_probs: list[float]) -> dict[str, Any]:
+def chat_logprobs(tools: TextTools, text: str, log_probs: list[float],
+                  top: list[list[tuple[int, float]]] | None = None) -> dict[str, Any]:
     tokens = tools.tokens(text, len(log_probs))
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                        for t, lp in zip(tokens, log_probs)]}
+
+    def entry(token: str, lp: float) -> dict:
+        return {"token": token, "logprob": lp, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(tools.token(i), v) for i, v in alts]}
+                        for t, lp, alts in zip(tokens, log_probs, _tops(top, len(tokens)))]}
 
 
 def completion_body(rid: str, model: str, choices: list[dict], usage: dict | None) -> dict[str, Any]:
@@ -131,6 +150,14 @@ def chat_body(rid: str, model: str, choices: list[dict], usage: dict | None, chu
     if usage is not None:
         body["usage"] = usage
     return body
+
+
+def choices_usage(tools: TextTools, prompt: str, outcomes: list[Outcome]) -> dict[str, int]:
+    """One prompt's usage over its ``n`` sequences: the prompt once, every completion."""
+    usages = [o.usage(tools, prompt) for o in outcomes]
+    p = usages[0]["prompt_tokens"]
+    c = sum(u["completion_tokens"] for u in usages)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 def sum_usage(usages: list[dict[str, int]]) -> dict[str, int]:

@@ -23,7 +23,10 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from clients.openai_server.protocol import ApiError
-from clients.triton_llm import Chunk, GenerationParams, chunk_from, grpc_inputs
+from clients.triton_llm import C, Chunk, GenerationParams, chunk_from, grpc_inputs
+
+BLS = C.BLS
+BLS_ONLY = tuple(t.name for t in C.BLS_INPUTS if not t.nvidia)  # not NVIDIA's ensemble's
 
 MODEL_CHECK_S = 5.0
 
@@ -98,13 +101,21 @@ class TritonText:
         return [n for n in names if await self._ready(n)]
 
     async def generate(self, prompt: str, params: GenerationParams, stream: bool,
-                       model: str | None = None) -> AsyncIterator[Chunk]:
+                       model: str | None = None, timeout_us: int | None = None) -> AsyncIterator[Chunk]:
+        """``timeout_us``: Triton's request timeout, which the engine takes as the request's allotted time."""
         model = model or await self.resolve()
         inputs, outputs = grpc_inputs(params, prompt, stream)
+        ours = [name for name in BLS_ONLY if name in {i.name() for i in inputs}]
+        if ours and model != BLS:
+            raise ApiError(400, f"{', '.join(ours)}: served by {BLS} only, not by {model}",
+                           param=ours[0])
+        request = {"model_name": model, "inputs": inputs, "outputs": outputs,
+                   "parameters": {"triton_enable_empty_final_response": True}}
+        if timeout_us:
+            request["timeout"] = timeout_us
 
         async def requests():
-            yield {"model_name": model, "inputs": inputs, "outputs": outputs,
-                   "parameters": {"triton_enable_empty_final_response": True}}
+            yield request
 
         try:
             call = self.client.stream_infer(requests())

@@ -75,3 +75,49 @@ def test_perf_metrics_ride_on_the_reply_when_asked_for():
     (row,) = jobs.add("s", "", _batch([[5]], return_perf_metrics=np.array([[True]])), decoupled=True).rows
     replies, _, _ = jobs.on_output(_out(row, [1], True, "length"))
     assert replies[0].arrays["kv_cache_alloc_total_blocks"].shape == (1, 1)
+
+
+def test_num_return_sequences_are_engine_requests_sharing_the_prompt():
+    jobs = Jobs()
+    seeded = _batch([[5, 6, 7]], streaming=True, num_return_sequences=np.array([[3]], np.int32),
+                    seed=np.array([[41]], np.uint64))
+    job = jobs.add("s", "x", seeded, decoupled=True)
+    first, *rest = job.rows
+    assert [r.seq for r in job.rows] == [0, 1, 2] and {r.index for r in job.rows} == {0}
+    assert [r.params.seed for r in job.rows] == [41, 42, 43]  # TensorRT-LLM's child seeds: seed + index
+    assert first.params.prefill_after is None and [r.params.prefill_after for r in rest] == [first.rid] * 2
+    assert seeded.rows[0].params.seed == 41  # the parsed request's params are not changed
+    replies = [jobs.on_output(_out(r, [10 + r.seq]))[0][0] for r in job.rows]
+    assert [r.arrays["sequence_index"].tolist() for r in replies] == [[[0]], [[1]], [[2]]]
+    assert all("batch_index" not in r.arrays and not r.final for r in replies)
+    assert not jobs.on_output(_out(rest[0], [], True, "stop"))[0][0].final
+    assert not jobs.on_output(_out(first, [], True, "timeout"))[0][0].final  # a timeout ends it normally
+    assert jobs.on_output(_out(rest[1], [], True, "length"))[0][0].final  # the last sequence closes the job
+    unseeded = jobs.add("s", "y", _batch([[5]], num_return_sequences=np.array([[2]], np.int32)), True).rows
+    assert unseeded[1].params.seed == unseeded[0].params.seed + 1
+
+
+def test_top_logprobs_arrays_are_tokens_by_alternatives():
+    jobs = Jobs()
+    (row,) = jobs.add("s", "x", _batch([[5]], top_logprobs=np.array([[2]], np.int32)), decoupled=True).rows
+    assert row.params.top_logprobs == 2 and row.request.flags.top_logprobs == 2
+    jobs.on_output(_out(row, [7], new_top_logprobs=[[(7, -0.1), (3, -2.5)]]))
+    replies, _, _ = jobs.on_output(_out(row, [8], True, "length", new_top_logprobs=[[(8, -0.2), (1, -1.9)]]))
+    arrays = replies[0].arrays
+    assert arrays["top_log_prob_ids"].tolist() == [[[7, 3], [8, 1]]]
+    assert np.allclose(arrays["top_log_probs"], [[[-0.1, -2.5], [-0.2, -1.9]]])
+
+
+def test_engine_options_and_the_triton_timeout_reach_the_params():
+    bias = np.zeros((1, 5), np.float32)
+    bias[0, 3] = 2.5
+    (row,) = parse_request({"input_ids": np.array([[5]], np.int32), "input_lengths": np.array([[1]], np.int32),
+                            "request_output_len": np.array([[4]], np.int32), "embedding_bias": bias,
+                            "priority": np.array([0.9], np.float32)}, True, timeout_us=1500).rows
+    p = row.params
+    assert p.embedding_bias.tolist() == [0, 0, 0, 2.5, 0] and p.priority == pytest.approx(0.9)
+    assert p.allotted_time_ms == 2  # microseconds rounded up: never a deadline shorter than asked
+    (row,) = parse_request({"input_ids": np.array([[5]], np.int32), "input_lengths": np.array([[1]], np.int32),
+                            "request_output_len": np.array([[4]], np.int32),
+                            "embedding_bias": np.zeros((1, 0), np.float32)}, True).rows
+    assert row.params.embedding_bias is None and row.params.allotted_time_ms is None  # [1, 0]: no bias words

@@ -190,14 +190,17 @@ def test_refusals_name_the_input(runner, rec):
                          (SamplingParams(bad_words=[[3, 4]]), "bad_words_list"),
                          (SamplingParams(max_tokens=0), "request_output_len"),
                          (SamplingParams(max_tokens=60), "max_seq_len"),
-                         (SamplingParams(top_p=1.5), "runtime_top_p")):
+                         (SamplingParams(top_p=1.5), "runtime_top_p"),
+                         (SamplingParams(top_logprobs=2), "top_logprobs"),
+                         (SamplingParams(allotted_time_ms=100), "timeout")):
         with pytest.raises(InvalidRequest, match=name):
             runner.submit_all([("r", [1] * 8, params)])
     base = {"input_ids": np.array([[1, 2]], np.int32), "input_lengths": np.array([[2]], np.int32),
             "request_output_len": np.array([[4]], np.int32)}
-    for name in ("beam_width", "num_return_sequences"):  # refused before any backend (shared llm_io)
-        with pytest.raises(InvalidRequest, match=name):
-            parse_request({**base, name: np.array([[2]], np.int32)}, True)
+    with pytest.raises(InvalidRequest, match="beam_width"):  # refused before any backend (shared llm_io)
+        parse_request({**base, "beam_width": np.array([[2]], np.int32)}, True)
+    with pytest.raises(InvalidRequest, match="num_return_sequences"):
+        parse_request({**base, "num_return_sequences": np.array([[17]], np.int32)}, True)
     assert rec.generate_calls == [] and runner.num_unfinished() == 0
 
 

@@ -55,12 +55,20 @@ def test_response_format_json_schema_is_a_guided_decoding_guide():
 
 
 def test_unsupported_options_are_refused_not_ignored():
-    with pytest.raises(ApiError, match="n=1"):
-        CompletionRequest(model="m", prompt="x", n=2).check_supported()
-    with pytest.raises(ApiError, match="logit_bias"):
-        CompletionRequest(model="m", prompt="x", logit_bias={"1": 2.0}).check_supported()
+    with pytest.raises(ApiError, match="best_of"):
+        CompletionRequest(model="m", prompt="x", best_of=2).prompts()
+    for bias in ({"x": 1.0}, {"-1": 1.0}, {"5": 101.0}):
+        with pytest.raises(ApiError, match="logit_bias"):
+            CompletionRequest(model="m", prompt="x", logit_bias=bias).token_bias()
+    with pytest.raises(ApiError, match="top_logprobs needs logprobs"):
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], top_logprobs=2).top_logprobs_count()
     with pytest.raises(ApiError, match="single prompt"):
         CompletionRequest(model="m", prompt=["a", "b"], stream=True).prompts()
+    params = CompletionRequest(model="m", prompt="x", n=3, logit_bias={"7": -100}, priority=0.9,
+                               allotted_time_ms=250).generation_params(4, True, None, 2)
+    assert (params.num_return_sequences, params.logit_bias, params.priority, params.top_logprobs) == (3, {7: -100.0}, 0.9, 2)
+    arrays = params.arrays("x", False)
+    assert arrays["logit_bias_ids"][0].tolist() == [[7]] and arrays["num_return_sequences"][0].tolist() == [[3]]
     msg = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "image_url"}]}])
     with pytest.raises(ApiError, match="image_url"):
         msg.chat_messages()

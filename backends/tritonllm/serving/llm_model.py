@@ -27,7 +27,8 @@ import time
 
 from ..engine.request import InvalidRequest, QueueFull
 from ..error_names import with_client_names
-from ..llm_io import INPUT_NAMES, STREAMING_NEEDS_DECOUPLED, parse_request, wants_ensemble_names
+from ..llm_io import (INPUT_NAMES, SEQUENCES_NEED_DECOUPLED, STREAMING_NEEDS_DECOUPLED, parse_request,
+                      wants_ensemble_names)
 from ..llm_jobs import CANCELLED, Jobs
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
 from ..paths import model_parameters
@@ -45,6 +46,14 @@ class _TritonLogHandler(logging.Handler):
         msg = self.format(record)
         log = self.pb_utils.Logger
         (log.log_error if record.levelno >= logging.ERROR else log.log_warn)(msg)
+
+
+def _timeout_us(request) -> int:
+    """The request's Triton timeout in microseconds (the ``timeout`` request parameter; 0 = none)."""
+    try:
+        return int(request.timeout() or 0)
+    except AttributeError:  # a python_backend before 23.12 does not pass it to the model
+        return 0
 
 
 def _family_factory(pb_utils):
@@ -104,16 +113,18 @@ class LLMTritonModel:
                     if t is not None:
                         arrays[name] = t.as_numpy()
                 ensemble = wants_ensemble_names(arrays)
-                batch = parse_request(arrays, self.default_exclude_input)
+                batch = parse_request(arrays, self.default_exclude_input, _timeout_us(request))
                 if batch.stop:
                     self._stop(request.request_id())
                     sender.send(pb.InferenceResponse(output_tensors=[]), flags=self.final_flag)
                     continue
                 if not self.decoupled and any(row.streaming for row in batch.rows):
                     raise InvalidRequest(f"streaming: {STREAMING_NEEDS_DECOUPLED}")
+                if not self.decoupled and any(row.num_sequences > 1 for row in batch.rows):
+                    raise InvalidRequest(f"num_return_sequences > 1: {SEQUENCES_NEED_DECOUPLED}")
                 job = self.jobs.add(sender, request.request_id(), batch, self.decoupled)
                 try:
-                    self.backend.submit_all([(r.rid, r.request.prompt_ids, r.request.params) for r in job.rows])
+                    self.backend.submit_all([(r.rid, r.request.prompt_ids, r.params) for r in job.rows])
                 except Exception:
                     self.jobs.forget(job)
                     raise

@@ -96,6 +96,11 @@ def validate(prompt_ids: list[int], p: SamplingParams, max_seq_len: int | None) 
         raise InvalidRequest("guided_decoding_guide_type: guided decoding is not supported by the llmapi profile")
     if p.lora_task_id is not None:
         raise InvalidRequest(f"lora_task_id {p.lora_task_id}: LoRA adapters are not supported by the llmapi profile")
+    # Our engine's request options, not mapped onto TensorRT-LLM's LLM API here (yet): refused, not ignored.
+    for name, given in (("embedding_bias", p.embedding_bias is not None), ("top_logprobs", p.top_logprobs > 0),
+                        ("priority", p.priority != 0.5), ("timeout", p.allotted_time_ms is not None)):
+        if given:
+            raise InvalidRequest(f"{name}: not supported by the llmapi profile")
 
 
 class LLMAPIRunner:
