@@ -6,8 +6,13 @@ preprocessing via BLS ``exec()``, then tensorrt_llm, each response's new ids ->
 ``tritonllm.text.bls_stream.TextGeneration`` (exact incremental detokenization + stop strings) -> text.
 Decoupled (NVIDIA's ``decoupled_mode``, the default): tensorrt_llm via ``exec(decoupled=True)``, always
 streaming; each row answers on its own (``batch_index`` when the batch has several rows), deltas when
-``stream=true``, and the last row to finish carries the final flag. Unary: one unary tensorrt_llm call
-per row and one response for the request, rows stacked (``text_output`` ``[batch]``).
+``stream=true``, and the last row to finish carries the final flag. ``num_return_sequences`` n > 1
+(decoupled only): the row's engine request streams n sequences, each answering on its own
+(``sequence_index``; ``tritonllm.text.sequences``), and the final flag waits for every sequence of every
+row; the engine request is stopped early only once every sequence completed a stop string. Unary: one
+unary tensorrt_llm call per row and one response for the request, rows stacked (``text_output``
+``[batch]``). The client's Triton timeout (``request.timeout()``, what is left of it) is the inner
+request's, which tensorrt_llm turns into the engine's deadline.
 All logic that is not Triton plumbing lives in ``tritonllm.text.bls_stream``.
 
 Ending the engine request early (stop string completed, the client cancelled, or another row of the
@@ -30,6 +35,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -45,6 +51,7 @@ from tritonllm.text import bls_stream as B  # noqa: E402
 from tritonllm.text import llmapi_text as LT  # noqa: E402
 from tritonllm.text.detokenizer import tokenizer_traits  # noqa: E402
 from tritonllm.text.preprocess import InvalidInput  # noqa: E402
+from tritonllm.text.sequences import Sequences  # noqa: E402
 from tritonllm.text.tokenizer import load_tokenizer, parse_bool  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -60,15 +67,17 @@ class _InnerError(Exception):
 class _Job:
     """One client request: its sender and what its rows have done (guarded by the model's lock)."""
 
-    __slots__ = ("sender", "triton_id", "rows", "cancelled", "answered", "pending", "done")
+    __slots__ = ("sender", "triton_id", "rows", "cancelled", "answered", "pending", "done", "timeout_us", "start")
 
-    def __init__(self, sender, rows, triton_id=""):
+    def __init__(self, sender, rows, triton_id="", timeout_us=0):
         self.sender = sender
         self.triton_id = triton_id
+        self.timeout_us = timeout_us    # the client's Triton timeout (0: none), the engine's deadline
+        self.start = time.monotonic()
         self.rows = []          # its _Row objects (a `stop` request stops their engine requests)
         self.cancelled = False  # set by the watcher thread when the client cancels
         self.answered = False   # the final response went out: nothing more may be sent
-        self.pending = rows     # rows not finished yet
+        self.pending = rows     # sequences not finished yet (a row counts 1 until it knows its n)
         self.done = [None] * rows  # unary: each row's final arrays
 
 
@@ -130,7 +139,9 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     str(e), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
                 continue
-            job = _Job(sender, len(rows), request.request_id())
+            # request.timeout(): microseconds, 0 = none (2.51's stub has it; a stub without it: no deadline)
+            timeout_us = int(getattr(request, "timeout", lambda: 0)() or 0)
+            job = _Job(sender, len(rows), request.request_id(), timeout_us)
             job.rows = [_Row(job, i, str(self.id_base + next(self.ids))) for i in range(len(rows))]
             with self.lock:
                 self.jobs.add(job)
@@ -144,16 +155,25 @@ class TritonPythonModel:
             if self.llmapi:
                 req = LT.parse(arrays)
             else:
-                req = B.parse_request(arrays, batch_index if self.decoupled else None)
+                req = B.parse_request(arrays, batch_index if self.decoupled else None, vocab_size=len(self.tokenizer))
             if req.stream and not self.decoupled:
                 raise InvalidInput(self.names(f"stream: {STREAMING_NEEDS_DECOUPLED}"))
+            why = None if self.decoupled else B.needs_decoupled(req)
+            if why:
+                raise InvalidInput(why)
+            n = req.num_return_sequences
+            if n > 1:  # before any of this row's sequences can finish: the job's final flag waits for all
+                with self.lock:
+                    row.job.pending += n - 1
             pre = self._preprocess(req)
-            gen = LT.generation_for(self.tokenizer, req, B.prompt_ids(pre), skip_special_tokens=self.skip_special,
-                                    traits=self.traits, include_stop_words=self.include_stop_words)
+            prompt = B.prompt_ids(pre)
+            seqs = Sequences(n, lambda index: LT.generation_for(
+                self.tokenizer, req, prompt, skip_special_tokens=self.skip_special, traits=self.traits,
+                include_stop_words=self.include_stop_words, sequence_index=index))
             if self.decoupled:
-                self._generate(row, req, pre, gen)
+                self._generate(row, req, pre, seqs)
             else:
-                self._generate_unary(row, req, pre, gen)
+                self._generate_unary(row, req, pre, seqs)
         except InvalidInput as e:
             self._fail(row.job, str(e), pb_utils.TritonError.INVALID_ARG)
         except _InnerError as e:
@@ -176,10 +196,11 @@ class TritonPythonModel:
 
     def _llm_request(self, row, req, pre, stream):
         inputs = [pb_utils.Tensor(k, v) for k, v in B.llm_inputs(req, pre, stream=stream).items()]
-        return pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=list(B.LLM_OUTPUTS),
-                                         inputs=inputs, request_id=row.inner_id)
+        timeout = B.inner_timeout_us(row.job.timeout_us, time.monotonic() - row.job.start)
+        return pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=B.llm_outputs(req),
+                                         inputs=inputs, request_id=row.inner_id, timeout=timeout)
 
-    def _generate_unary(self, row, req, pre, gen):
+    def _generate_unary(self, row, req, pre, seqs):
         resp = self._llm_request(row, req, pre, stream=False).exec()
         if row.job.cancelled:  # a `stop` request ended the engine request early
             self._fail(row.job, "request cancelled", pb_utils.TritonError.CANCELLED)
@@ -187,10 +208,10 @@ class TritonPythonModel:
             return
         if resp.has_error():
             raise self._inner_error(resp.error())
-        gen.on_response({t.name(): t.as_numpy() for t in resp.output_tensors()})
-        self._row_final(row, req, gen.finish())
+        finals = [c for c, _ in seqs.on_response({t.name(): t.as_numpy() for t in resp.output_tensors()})]
+        self._row_final(row, req, (finals + seqs.finish_all())[-1])  # n == 1: one final chunk
 
-    def _generate(self, row, req, pre, gen):
+    def _generate(self, row, req, pre, seqs):
         responses = self._llm_request(row, req, pre, stream=True).exec(decoupled=True)
         job, done, error = row.job, False, None
         for resp in responses:  # always iterated to the end: nothing may stay pending
@@ -207,11 +228,18 @@ class TritonPythonModel:
             tensors = resp.output_tensors()
             if not tensors:  # the flag-only final response
                 continue
-            chunk = gen.on_response({t.name(): t.as_numpy() for t in tensors})
-            if chunk is not None:
-                self._send(job, self._response(chunk.arrays()), 0)
-            if gen.stopped:
-                self._row_final(row, req, gen.finish())
+            try:
+                sends = seqs.on_response({t.name(): t.as_numpy() for t in tensors})
+            except Exception as e:  # e.g. a sequence_index out of range: still drain, and free the engine
+                error, done = e, True
+                self._stop_engine(row)
+                continue
+            for chunk, final in sends:
+                if final:
+                    self._row_final(row, req, chunk, seqs.done)
+                else:
+                    self._send(job, self._response(chunk.arrays()), 0)
+            if seqs.done:  # every sequence completed a stop string: the shared engine request can go
                 done = True
                 self._stop_engine(row)
         if error is not None:
@@ -220,7 +248,8 @@ class TritonPythonModel:
             if job.cancelled:
                 self._fail(job, "request cancelled", pb_utils.TritonError.CANCELLED)
             else:
-                self._row_final(row, req, gen.finish())
+                for chunk in seqs.finish_all():
+                    self._row_final(row, req, chunk, seqs.done)
 
     def _stop_engine(self, row):
         """Abort the engine request (see module docstring); its KV blocks are freed."""
@@ -255,18 +284,19 @@ class TritonPythonModel:
     def _fail_sender(sender, message, code):
         sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
 
-    def _row_final(self, row, req, chunk):
-        """A row's last chunk: the job's final response once every row is done. Counting the row and
-        sending happen under one lock, so the final flag always leaves after every other row's answer."""
+    def _row_final(self, row, req, chunk, row_done=True):
+        """A sequence's last chunk (``row_done``: the row's last one): the job's final response once every
+        sequence of every row is done. Counting and sending happen under one lock, so the final flag always
+        leaves after every other sequence's answer."""
         job = row.job
-        row.finished = True
+        row.finished = row_done
         with self.lock:
             job.pending -= 1
             last = job.pending == 0
             if not self.decoupled:
                 job.done[row.index] = chunk.arrays()
                 if last:
-                    self._send_locked(job, self._response(stack_rows(job.done) if len(job.done) > 1
+                    self._send_locked(job, self._response(stack_rows(B.stackable(job.done)) if len(job.done) > 1
                                                           else job.done[0]), FINAL)
             elif req.stream and chunk.empty:  # a stream ends without an empty event when nothing is left
                 if last:

@@ -88,12 +88,44 @@ def test_streaming_equals_non_streaming_ids(triton_server):
         s.close()
 
 
+def test_num_return_sequences_answer_on_their_own_with_sequence_index(triton_server):
+    """NVIDIA's semantics (model_instance_state.cc): each sequence's responses carry sequence_index [1, 1],
+    one final flag for the request; through the ensemble, each sequence is detokenized on its own."""
+    s = Stream(triton_server.grpc_url)
+    try:
+        extra = dict(num_return_sequences=np.array([[3]], np.int32), temperature=np.array([[1.0]], np.float32),
+                     runtime_top_k=np.array([[50]], np.int32), seed=np.array([[11]], np.uint64),
+                     top_logprobs=np.array([[2]], np.int32), streaming=np.array([[True]]))
+        chunks, err = s.run("tensorrt_llm", _ids_request([5, 100, 200, 300, 42], 8, **extra))
+        assert err is None
+        by_seq: dict[int, list[int]] = {}
+        for c in chunks:
+            ids = c["output_ids"].reshape(-1).tolist()
+            by_seq.setdefault(int(c["sequence_index"].reshape(-1)[0]), []).extend(ids)
+            assert c["top_log_prob_ids"].shape == (1, len(ids), 2) and c["top_log_probs"].shape == (1, len(ids), 2)
+        assert sorted(by_seq) == [0, 1, 2] and all(len(v) == 8 for v in by_seq.values())
+        assert len({tuple(v) for v in by_seq.values()}) == 3  # seeds 11, 12, 13
+        text, err = s.run("ensemble", _inputs(
+            text_input=np.array([["Once upon a time"]], object), max_tokens=np.array([[6]], np.int32),
+            num_return_sequences=np.array([[2]], np.int32), stream=np.array([[True]])), "e")
+        assert err is None and {int(c["sequence_index"].reshape(-1)[0]) for c in text} == {0, 1}
+        per_seq = ["".join(c["text_output"].reshape(-1)[0].decode() for c in text
+                           if int(c["sequence_index"].reshape(-1)[0]) == i) for i in (0, 1)]
+        assert per_seq[0] == per_seq[1] != ""  # greedy (NVIDIA's default): both sequences agree
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("extra,needle", [
     ({"input_ids": np.array([[5, 10 ** 6]], np.int32), "input_lengths": np.array([[2]], np.int32)},
      "outside the vocabulary"),
     ({"request_output_len": np.array([[0]], np.int32)}, "request_output_len"),
     ({"request_output_len": np.array([[10 ** 6]], np.int32)}, "max_seq_len"),
     ({"beam_width": np.array([[2]], np.int32)}, "beam_width"),
+    ({"num_return_sequences": np.array([[17]], np.int32)}, "num_return_sequences"),
+    ({"embedding_bias": np.array([[float("nan")] * 4], np.float32)}, "embedding_bias"),
+    ({"top_logprobs": np.array([[21]], np.int32)}, "top_logprobs"),
+    ({"priority": np.array([[1.5]], np.float32)}, "priority"),
     ({"temperature": np.array([[float("nan")]], np.float32)}, "temperature"),
     ({"runtime_top_p": np.array([[1.5]], np.float32)}, "runtime_top_p"),
     ({"stop_words_list": np.array([[[1, 2], [5, -1]]], np.int32)}, "stop_words_list"),

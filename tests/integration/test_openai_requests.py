@@ -97,6 +97,7 @@ def test_a_high_priority_request_overtakes_the_queue(url, triton_server):
     before it. First-come-first-served would admit 16 lows first, and the high one with the last four."""
     aclient = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
     first_token: dict[str, float] = {}
+    ended: dict[str, float] = {}
 
     async def run(name: str, tokens: int, priority: float, started: asyncio.Event | None = None):
         stream = await aclient.completions.create(
@@ -107,10 +108,12 @@ def test_a_high_priority_request_overtakes_the_queue(url, triton_server):
                 first_token[name] = time.monotonic()
                 if started is not None:
                     started.set()
+        ended[name] = time.monotonic()
 
     async def scenario():
         events = [asyncio.Event() for _ in range(16)]
-        blockers = [asyncio.create_task(run(f"b{i}", 400, 0.5, e)) for i, e in enumerate(events)]
+        # ~25k tokens: seconds of work even on a fast machine (the demo decodes thousands of tokens/s)
+        blockers = [asyncio.create_task(run(f"b{i}", 1600, 0.5, e)) for i, e in enumerate(events)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
         lows = []
         for i in range(20):
@@ -119,10 +122,13 @@ def test_a_high_priority_request_overtakes_the_queue(url, triton_server):
         await asyncio.sleep(1.0)
         assert not any(t.done() for t in blockers), "the blockers must still hold every slot"
         assert not any(n.startswith("low") for n in first_token), "the lows must be queued"
+        submitted["high"] = time.monotonic()
         high = asyncio.create_task(run("high", 4, 0.9))
         await asyncio.gather(*blockers, *lows, high)
 
+    submitted: dict[str, float] = {}
     asyncio.run(scenario())
+    assert submitted["high"] < min(ended[f"b{i}"] for i in range(16)), "no slot may free before the high one queues"
     after_high = [n for n in first_token if n.startswith("low") and first_token[n] > first_token["high"]]
     assert len(after_high) >= 4, sorted(first_token.items(), key=lambda kv: kv[1])
     assert wait_idle(triton_server.metrics_url)["llm_kv_cache_usage_ratio"] == 0.0

@@ -13,7 +13,12 @@ Flow of one request (``BlsRequest`` -> ``preprocessing_inputs`` -> ``llm_inputs`
   can end generation early in non-streamed mode too. A unary BLS (``decoupled_mode: false``) makes one
   unary inner call per row;
 - ``TextGeneration`` feeds every response's new ids to one ``IncrementalDetokenizer`` and the text to
-  one ``StopStringMatcher``.
+  one ``StopStringMatcher``; with ``num_return_sequences`` n > 1 (decoupled only: ``needs_decoupled``)
+  the row's one engine request streams n sequences, each with its own TextGeneration (``sequences.py``);
+- the client's ``top_logprobs`` / ``priority`` go to tensorrt_llm unchanged; ``logit_bias_ids`` /
+  ``_weights`` are added into the ``embedding_bias`` it gets (``logit_bias.py``); the client's Triton
+  timeout becomes the inner request's (``inner_timeout_us``), which tensorrt_llm makes the engine's
+  deadline (the request then ends normally with the tokens so far).
 
 Invariants:
 - streamed: the concatenated ``text`` of all chunks equals the non-streamed text of the same (greedy)
@@ -22,11 +27,13 @@ Invariants:
   ``include_stop_words`` (NVIDIA's BLS keeps the stop word);
 - pass-through outputs (present when the client asked for them, as tensorrt_llm gives them): each chunk
   carries ``output_log_probs`` of every token since the previous chunk (concatenated; so the chunks'
-  log probs together cover every generated token once), ``num_output_tokens`` summed over the same
+  log probs together cover every generated token once), likewise ``top_log_probs`` / ``top_log_prob_ids``
+  (``[1, tokens, k]``, concatenated along the token axis), ``num_output_tokens`` summed over the same
   responses (NVIDIA's per-response count; a non-streamed response with the prompt included counts it
   too, as NVIDIA's tensorrt_llm does), and the latest ``cum_log_probs`` / ``num_input_tokens`` / perf
   metrics received since the previous chunk;
-- ``text_output`` is ``[1]`` (``[batch]`` for a unary batch), NVIDIA's flat layout;
+- ``text_output`` is ``[1]`` (``[batch]`` for a unary batch), NVIDIA's flat layout; a chunk carries
+  ``batch_index`` when the client batch has several rows and ``sequence_index`` when n > 1;
 - with ``exclude_input_in_output=false`` and no streaming, the text starts with the decoded prompt
   (``decode(prompt + generated)``, as NVIDIA's BLS); streamed chunks never repeat the prompt (NVIDIA's
   streaming sends new tokens only). Stop strings are searched in generated text only.
@@ -45,6 +52,8 @@ import numpy as np
 from .. import contract as C
 from ..error_names import to_client_names
 from .detokenizer import IncrementalDetokenizer, TokenizerTraits, tokenizer_traits
+from .logit_bias import merge as merge_bias
+from .logit_bias import parse_logit_bias
 from .preprocess import InvalidInput
 from .stop_strings import StopStringMatcher
 from .word_lists import parse_words
@@ -53,7 +62,12 @@ from .word_lists import parse_words
 PASS_THROUGH = ("cum_log_probs", "output_log_probs", "num_input_tokens", "num_output_tokens",
                 *(t.name for t in C.PERF_OUTPUTS))
 SUMMED = ("num_output_tokens",)
-LLM_OUTPUTS = ("output_ids", "sequence_length", *PASS_THROUGH)
+LLM_OUTPUTS = ("output_ids", "sequence_length", "sequence_index", *PASS_THROUGH)
+# Ours (not NVIDIA's tensorrt_llm): asked for only when the client wants top log probs, so a BLS in front
+# of NVIDIA's backend (which declares neither, and refuses undeclared outputs) works without them.
+TOP_OUTPUTS = tuple(t.name for t in C.TOP_LOGPROB_OUTPUTS)
+_TOP_PAD = {"top_log_probs": -np.inf, "top_log_prob_ids": -1}  # a missing alternative (llm_io.top_arrays)
+MAX_RETURN_SEQUENCES = 16  # tensorrt_llm's cap too (llm_io): refused here before any model runs
 
 _PRE_STEP, _LLM_STEP = C.NVIDIA_ENSEMBLE_STEPS[0], C.NVIDIA_ENSEMBLE_STEPS[1]
 # preprocessing input <- client input, e.g. QUERY <- text_input (NVIDIA's ensemble wiring).
@@ -63,6 +77,9 @@ _PRE_OUT = {internal: out for out, internal in _PRE_STEP[2].items()}
 LLM_MAP: dict[str, tuple[str, str]] = {
     dst: ("preprocessing", _PRE_OUT[src]) if src in _PRE_OUT else ("client", src)
     for dst, src in _LLM_STEP[1].items()}
+# num_return_sequences is in NVIDIA's wiring (their BLS drops it; ours forwards it, and the ensemble does);
+# the engine's request options (top_logprobs, priority) are not, and go through under the same names.
+LLM_MAP.update({t.name: ("client", t.name) for t in C.ENGINE_REQUEST_INPUTS})
 # Inputs set here whatever the client says (see module docstring).
 _LLM_FORCED = {"exclude_input_in_output": np.array([[True]])}
 
@@ -104,6 +121,9 @@ class BlsRequest:
     stop_strings: list[str]
     exclude_input: bool
     batch_index: int | None = None  # set when the client's batch has several rows
+    num_return_sequences: int = 1   # sequences of this row, each with its own text (see sequences.py)
+    top_logprobs: int = 0           # > 0: tensorrt_llm is asked for top_log_probs / top_log_prob_ids
+    logit_bias: np.ndarray | None = None  # dense [vocab] float32 (logit_bias.parse_logit_bias), or None
 
 
 def scalar(arrays: Mapping[str, np.ndarray], name: str, default: Any = None) -> Any:
@@ -126,8 +146,11 @@ def split_rows(arrays: Mapping[str, np.ndarray | None]) -> list[dict[str, np.nda
     return C.batch_rows(arrays, "text_input", InvalidInput)
 
 
-def parse_request(arrays: Mapping[str, np.ndarray | None], batch_index: int | None = None) -> BlsRequest:
-    """Validate one row's tensors; InvalidInput (message starting with the input name) when bad."""
+def parse_request(arrays: Mapping[str, np.ndarray | None], batch_index: int | None = None, *,
+                  vocab_size: int | None = None) -> BlsRequest:
+    """Validate one row's tensors; InvalidInput (message starting with the input name) when bad.
+    ``vocab_size`` (the tokenizer's ``len()``) is needed to take logit_bias_ids / _weights; without it
+    (the LLM-API contract, which has no such inputs) they are not read."""
     arrays = {k: np.asarray(v) for k, v in arrays.items() if v is not None}
     query = arrays.get("text_input")
     if query is None:
@@ -162,7 +185,48 @@ def parse_request(arrays: Mapping[str, np.ndarray | None], batch_index: int | No
         raise InvalidInput(str(e)) from None
     return BlsRequest(arrays=arrays, text=text, max_tokens=int(max_tokens),
                       stream=bool(scalar(arrays, "stream", False)), stop_strings=stops,
-                      exclude_input=bool(scalar(arrays, "exclude_input_in_output", True)), batch_index=batch_index)
+                      exclude_input=bool(scalar(arrays, "exclude_input_in_output", True)), batch_index=batch_index,
+                      num_return_sequences=_num_return_sequences(arrays), top_logprobs=_top_logprobs(arrays),
+                      logit_bias=parse_logit_bias(arrays, vocab_size) if vocab_size is not None else None)
+
+
+def _num_return_sequences(arrays: Mapping[str, np.ndarray]) -> int:
+    n = scalar(arrays, "num_return_sequences", 1)
+    if not np.issubdtype(np.asarray(n).dtype, np.integer) or not 1 <= int(n) <= MAX_RETURN_SEQUENCES:
+        raise InvalidInput(f"num_return_sequences must be an integer in [1, {MAX_RETURN_SEQUENCES}], got {n}")
+    return int(n)
+
+
+def _top_logprobs(arrays: Mapping[str, np.ndarray]) -> int:
+    """Only read to decide which outputs to ask for: its range is tensorrt_llm's to check (same name)."""
+    k = scalar(arrays, "top_logprobs", 0)
+    if not np.issubdtype(np.asarray(k).dtype, np.integer):
+        raise InvalidInput(f"top_logprobs must be an integer, got {k}")
+    return int(k)
+
+
+def needs_decoupled(req: BlsRequest) -> str | None:
+    """Why a unary BLS (``decoupled_mode: false``) cannot serve ``req`` beyond streaming, or None: its
+    sequences answer on their own responses, which only a decoupled model can send."""
+    if req.num_return_sequences > 1:
+        return (f"num_return_sequences {req.num_return_sequences} needs decoupled mode: each sequence answers "
+                "on its own responses (deployment.yaml: llm.decoupled_mode, or serve without --model-config-name "
+                "unary)")
+    return None
+
+
+def llm_outputs(req: BlsRequest) -> list[str]:
+    """The tensorrt_llm outputs to ask for: NVIDIA's, plus ours only when the client wants them."""
+    return [*LLM_OUTPUTS, *(TOP_OUTPUTS if req.top_logprobs > 0 else ())]
+
+
+def inner_timeout_us(timeout_us: int, elapsed_s: float) -> int:
+    """The inner tensorrt_llm request's Triton timeout: what is left of the client's (``timeout_us``,
+    0 = none) after ``elapsed_s`` in the BLS (preprocessing included: the client's deadline covers the
+    whole request). Never 0 once one was set, since 0 would mean no deadline at all."""
+    if timeout_us <= 0:
+        return 0
+    return max(1, int(timeout_us) - int(elapsed_s * 1e6))
 
 
 def preprocessing_inputs(req: BlsRequest) -> dict[str, np.ndarray]:
@@ -179,6 +243,9 @@ def llm_inputs(req: BlsRequest, pre_outputs: Mapping[str, np.ndarray], *, stream
             out[dst] = value
     out.update({k: v.copy() for k, v in _LLM_FORCED.items()})
     out["streaming"] = np.array([[stream]])
+    bias = merge_bias(pre_outputs.get("EMBEDDING_BIAS"), req.logit_bias)
+    if bias is not None:
+        out["embedding_bias"] = bias
     return out
 
 
@@ -195,6 +262,7 @@ class Chunk:
     text: str
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     batch_index: int | None = None
+    sequence_index: int | None = None  # set when the row has several sequences
 
     @property
     def empty(self) -> bool:
@@ -205,17 +273,25 @@ class Chunk:
         out = {"text_output": np.array([self.text.encode("utf-8")], dtype=object), **self.outputs}
         if self.batch_index is not None:
             out["batch_index"] = np.array([[self.batch_index]], dtype=np.int32)
+        if self.sequence_index is not None:
+            out["sequence_index"] = np.array([[self.sequence_index]], dtype=np.int32)
         return out
 
 
 class _PassThrough:
-    """Pass-through arrays of the responses not yet sent: log probs concatenated, the rest latest."""
+    """Pass-through arrays of the responses not yet sent: per-token ones (output_log_probs, top log probs)
+    concatenated along their token axis, the rest latest (num_output_tokens summed)."""
 
     def __init__(self) -> None:
         self._latest: dict[str, np.ndarray] = {}
         self._logprobs: list[np.ndarray] = []
+        self._top: dict[str, list[np.ndarray]] = {name: [] for name in TOP_OUTPUTS}
 
     def add(self, arrays: Mapping[str, np.ndarray]) -> None:
+        for name in TOP_OUTPUTS:  # [1, tokens, k] per response
+            if arrays.get(name) is not None:
+                a = np.asarray(arrays[name])
+                self._top[name].append(a.reshape(1, -1, a.shape[-1]))
         for name in PASS_THROUGH:
             if arrays.get(name) is None:
                 continue
@@ -236,7 +312,11 @@ class _PassThrough:
         out = self._latest
         if self._logprobs:
             out["output_log_probs"] = np.concatenate(self._logprobs, axis=-1)
+        for name, parts in self._top.items():
+            if parts:
+                out[name] = np.concatenate(parts, axis=1)
         self._latest, self._logprobs = {}, []
+        self._top = {name: [] for name in TOP_OUTPUTS}
         return out
 
 
@@ -251,13 +331,14 @@ class TextGeneration:
 
     def __init__(self, tokenizer: Any, req: BlsRequest, prompt: list[int] | None = None, *,
                  skip_special_tokens: bool = True, traits: TokenizerTraits | None = None,
-                 include_stop_words: bool = False) -> None:
+                 include_stop_words: bool = False, sequence_index: int | None = None) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens,
                                              traits=traits or tokenizer_traits(tokenizer))
         self._stops = StopStringMatcher(req.stop_strings, include_stop=include_stop_words)
         self._stream = req.stream
         self._pass = _PassThrough()
         self._batch_index = req.batch_index
+        self._sequence_index = sequence_index
         self._text: list[str] = []  # non-streamed: everything so far
         self._prompt_len = 0
         if prompt and not req.exclude_input and not req.stream:
@@ -284,7 +365,7 @@ class TextGeneration:
         self._pass.add(arrays)
         text, stopped = self._stops.feed(self._detok.add(ids.tolist()))
         if self._stream and not stopped:
-            return Chunk(text, self._pass.take(), self._batch_index) if text else None
+            return self._chunk(text) if text else None
         self._text.append(text)  # non-streamed, or the last text before a stop string: sent by finish()
         return None
 
@@ -300,4 +381,21 @@ class TextGeneration:
         self._text.append(text)
         if self._prompt_len:
             self._pass.count_prompt(self._prompt_len)
-        return Chunk("".join(self._text), self._pass.take(), self._batch_index)
+        return self._chunk("".join(self._text))
+
+    def _chunk(self, text: str) -> Chunk:
+        return Chunk(text, self._pass.take(), self._batch_index, self._sequence_index)
+
+
+def stackable(rows: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """Unary rows' final arrays made stackable by ``llm_io.stack_rows`` (which pads the last axis only):
+    the top log probs ``[1, tokens, k]`` of rows with different token counts (or k) padded to the longest,
+    with id -1 and log prob -inf, as tensorrt_llm pads alternatives a small vocabulary lacks."""
+    for name in TOP_OUTPUTS:
+        parts = [r[name] for r in rows if name in r]
+        if len(parts) < 2:
+            continue
+        tokens, k = max(p.shape[1] for p in parts), max(p.shape[2] for p in parts)
+        rows = [{**r, name: np.pad(r[name], [(0, 0), (0, tokens - r[name].shape[1]), (0, k - r[name].shape[2])],
+                                   constant_values=_TOP_PAD[name])} if name in r else r for r in rows]
+    return rows
