@@ -15,7 +15,9 @@ START, END = "<think>", "</think>"
 PARSERS = ("deepseek_r1", "qwen3")
 
 
-def _held(text: str, marker: str, final: bool) -> str:
+def held(text: str, marker: str, final: bool) -> str:
+    """``text`` less a tail that could be the start of ``marker`` (unless the text is final): what a
+    monotone parser may emit now."""
     if final:
         return text
     for k in range(min(len(marker) - 1, len(text)), 0, -1):
@@ -36,7 +38,7 @@ def split(parser: str, text: str, final: bool) -> tuple[str, str]:
         i = 0
     k = text.find(END, i)
     if k < 0:
-        return _held(text[i:], END, final), ""
+        return held(text[i:], END, final), ""
     return text[i:k], text[k + len(END):].lstrip("\n")
 
 

@@ -24,6 +24,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .reasoning import held
+
 
 class _Malformed(ValueError):
     pass
@@ -133,16 +135,6 @@ def _scan_call(s: str, i: int, name_keys=("name",), arg_keys=("arguments", "para
     return call, None
 
 
-def _held(text: str, marker: str, final: bool) -> str:
-    """``text`` less a tail that could be the start of ``marker`` (unless the text is final)."""
-    if final:
-        return text
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-k:]):
-            return text[:-k]
-    return text
-
-
 def _array_calls(s: str, i: int, arg_keys=("arguments", "parameters")) -> list[Call]:
     """Calls of the JSON array starting at s[i] == '['."""
     calls, j = [], _ws(s, i + 1)
@@ -167,7 +159,7 @@ def hermes(text: str, final: bool) -> Parsed:
     start = "<tool_call>"
     k = text.find(start)
     if k < 0:
-        return Parsed(_held(text, start, final))
+        return Parsed(held(text, start, final))
     calls, i = [], k
     while True:
         j = _ws(text, i + len(start))
@@ -217,7 +209,7 @@ def mistral(text: str, final: bool) -> Parsed:
     marker = "[TOOL_CALLS]"
     k = text.find(marker)
     if k < 0:
-        return Parsed(_held(text, marker, final))
+        return Parsed(held(text, marker, final))
     j = _ws(text, k + len(marker))
     if j >= len(text):
         return Parsed(text[:k])

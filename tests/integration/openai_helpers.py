@@ -47,3 +47,16 @@ def openai_server(triton_server, env: dict | None = None, args: tuple[str, ...] 
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def sdk_client(url: str):
+    """The official SDK against one of these servers (no retries: a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def demo_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)

@@ -10,7 +10,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from openai_helpers import TOKENIZER_DIR, openai_server  # noqa: E402
+from openai_helpers import demo_tokenizer, openai_server, sdk_client  # noqa: E402
 from robustness_helpers import wait_idle  # noqa: E402
 
 ASK = [{"role": "user", "content": "Tell me a story about a dragon."}]
@@ -24,14 +24,12 @@ def url(triton_server):
 
 @pytest.fixture(scope="module")
 def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return sdk_client(url)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)
+    return demo_tokenizer()
 
 
 def _stream_by_choice(stream) -> dict[int, str]:

@@ -20,7 +20,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from openai_helpers import TOKENIZER_DIR, openai_server  # noqa: E402
+from openai_helpers import demo_tokenizer, openai_server, sdk_client  # noqa: E402
 from tritonllm.serving.launcher import find_free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,14 +35,12 @@ def openai_url(triton_server):
 
 @pytest.fixture(scope="module")
 def client(openai_url):
-    return openai.OpenAI(base_url=f"{openai_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return sdk_client(openai_url)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)
+    return demo_tokenizer()
 
 
 @pytest.fixture(scope="module")

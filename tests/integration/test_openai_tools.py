@@ -15,7 +15,7 @@ import pytest
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from openai_helpers import TOKENIZER_DIR, openai_server  # noqa: E402
+from openai_helpers import demo_tokenizer, openai_server, sdk_client  # noqa: E402
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
                                             "metric": {"type": "boolean"}},
@@ -33,14 +33,12 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def client(triton_server):
     for url, _ in openai_server(triton_server, args=("--tool-call-parser", "hermes",
                                                      "--reasoning-parser", "deepseek_r1")):
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        yield sdk_client(url)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)
+    return demo_tokenizer()
 
 
 def _streamed(stream):

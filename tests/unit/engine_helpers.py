@@ -18,6 +18,7 @@ def make_checkpoint(path, arch: str = "llama", seed: int = 0, **overrides) -> st
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
     }[arch]
     kw = dict(TINY)
     if arch == "llama3":
@@ -28,6 +29,8 @@ def make_checkpoint(path, arch: str = "llama", seed: int = 0, **overrides) -> st
         kw["head_dim"] = 16
     if arch == "qwen2":
         kw["tie_word_embeddings"] = True
+    if arch == "phi3":  # Phi3Config's defaults are Phi-3-mini's ids (pad 32000): outside the tiny vocabulary
+        kw.update(pad_token_id=0, bos_token_id=1)
     kw.update(overrides)
     torch.manual_seed(seed)
     cfg = cfg_cls(**kw)

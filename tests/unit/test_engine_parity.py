@@ -8,7 +8,7 @@ from tritonllm.engine.request import SamplingParams
 
 from engine_helpers import hf_greedy, make_checkpoint, random_prompts, run_staggered
 
-ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
+ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "phi3"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -42,3 +42,14 @@ def test_preemption(ckpt):
     # 24 blocks of 4 tokens cannot hold 6 requests of up to 52 tokens: requests are preempted and recomputed
     engine = _check(ckpt, EngineConfig(block_size=4, max_kv_tokens=96, max_num_tokens=64), hi=40)
     assert engine.num_preemptions > 0
+
+
+def test_an_architecture_feature_the_engine_lacks_is_refused(tmp_path):
+    """Phi-4-mini's partial rotary embedding (rotary on part of each head) is refused by Phi-3's file,
+    naming the field, rather than served wrong."""
+    from tritonllm.engine.hf_config import UnsupportedModelError, load_spec
+
+    ckpt = make_checkpoint(tmp_path, "phi3", partial_rotary_factor=0.75)
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.75"):
+        load_spec(ckpt)
+    assert load_spec(make_checkpoint(tmp_path / "ok", "phi3")).arch.qkv == ("qkv_proj",)

@@ -136,3 +136,17 @@ def test_parse_adapter_list():
     for bad in ("1", "x=a", "0=a", "1=a,1=b", "1="):
         with pytest.raises(ValueError):
             parse_adapter_list(bad)
+
+
+def test_phi3_adapters_target_its_fused_projections(tmp_path):
+    """Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj: PEFT adapters name those, and the
+    engine's output under the adapter equals HF's on the merged checkpoint."""
+    base = make_checkpoint(tmp_path / "phi3", "phi3")
+    adapter = make_adapter(base, str(tmp_path / "a"), targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+    merged = merged_checkpoint(base, adapter, str(tmp_path / "m"))
+    engine = LLMEngine(base, EngineConfig(block_size=4, max_kv_tokens=4096, lora_adapters={1: adapter}))
+    prompts = random_prompts(3, engine.spec.vocab_size, 5, 20, seed=3)
+    assert _run(engine, prompts, [1, None, 1]) == _expected({1: merged, None: base}, prompts, [1, None, 1])
+    with pytest.raises(LoraError, match="q_proj"):  # a Llama-style adapter does not fit Phi-3's projections
+        LLMEngine(base, EngineConfig(block_size=4, max_kv_tokens=4096, lora_adapters={2: make_adapter(
+            make_checkpoint(tmp_path / "llama", "llama"), str(tmp_path / "b"))}))

@@ -11,16 +11,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
+from .models import ARCHITECTURES, Architecture
 
 
 class UnsupportedModelError(ValueError):
-    """The checkpoint is not one of SUPPORTED_ARCHITECTURES or uses a feature the engine lacks."""
+    """The checkpoint is not one of ``models.ARCHITECTURES`` or uses a feature the engine lacks."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +39,10 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...]
     hf_config: Any  # the transformers PretrainedConfig, for rope initialisation
 
+    @property
+    def arch(self) -> Architecture:
+        return ARCHITECTURES[self.architecture]
+
 
 def load_spec(model_dir: str) -> ModelSpec:
     path = os.path.join(model_dir, "config.json")
@@ -55,23 +54,23 @@ def load_spec(model_dir: str) -> ModelSpec:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from e
     archs = raw.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if arch is None:
+    name = next((a for a in archs if a in ARCHITECTURES), None)
+    if name is None:
         raise UnsupportedModelError(
             f"{path}: architectures {archs or raw.get('model_type')} not supported; "
-            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+            f"supported: {sorted(ARCHITECTURES)}")
+    arch = ARCHITECTURES[name]
     from transformers import AutoConfig  # local import: heavy, and only needed at load time
 
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
     rope = _rope_params(cfg)
     if rope.get("rope_type", "default") not in ("default", "linear", "llama3", "yarn", "longrope"):
         raise UnsupportedModelError(f"{path}: rope_type {rope.get('rope_type')!r} is not supported")
-    kind = SUPPORTED_ARCHITECTURES[arch]
+    refused = arch.check(cfg)
+    if refused:
+        raise UnsupportedModelError(f"{path}: {refused}")
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    window = getattr(cfg, "sliding_window", None)
-    if kind == "qwen2" or kind == "qwen3":
-        window = window if getattr(cfg, "use_sliding_window", False) else None
     eos = raw.get("eos_token_id")
     gen_path = os.path.join(model_dir, "generation_config.json")
     if os.path.isfile(gen_path):
@@ -79,7 +78,7 @@ def load_spec(model_dir: str) -> ModelSpec:
             eos = json.load(f).get("eos_token_id", eos)
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     return ModelSpec(
-        architecture=arch,
+        architecture=name,
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
         num_layers=cfg.num_hidden_layers,
@@ -90,10 +89,10 @@ def load_spec(model_dir: str) -> ModelSpec:
         rms_norm_eps=cfg.rms_norm_eps,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        attention_bias=kind == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+        attention_bias=arch.has_attention_bias(cfg),
         mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
-        qk_norm=kind == "qwen3",
-        sliding_window=window,
+        qk_norm=arch.qk_norm,
+        sliding_window=arch.sliding_window(cfg),
         torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         eos_token_ids=eos_ids,
         hf_config=cfg,

@@ -25,9 +25,7 @@ import torch
 from .fp8 import linear
 from .hf_config import ModelSpec
 
-_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.lora_([AB])\.weight$")
-_FUSED = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
-_TARGETS = {f"{p}_proj" for parts in _FUSED.values() for p in parts}
+_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight$")
 
 
 class LoraError(ValueError):
@@ -47,7 +45,9 @@ class LoraAdapter:
                  dtype: torch.dtype) -> None:
         self.task_id = task_id
         self.path = path
-        cfg = _read_config(path)
+        fused_targets = spec.arch.lora_targets()  # fused projection -> the checkpoint's module names
+        known = {n for names in fused_targets.values() for n in names}
+        cfg = _read_config(path, known)
         weights = _read_weights(path)
         self.rank = int(cfg.get("r", 0))
         alpha = float(cfg.get("lora_alpha", self.rank))
@@ -57,8 +57,8 @@ class LoraAdapter:
         parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
         for key, t in weights.items():
             m = _KEY.search(key)
-            if m is None:
-                raise LoraError(f"{path}: unsupported adapter weight {key!r} (only q/k/v/o/gate/up/down_proj "
+            if m is None or m.group(2) not in known:
+                raise LoraError(f"{path}: unsupported adapter weight {key!r} (only {'/'.join(sorted(known))} "
                                 "lora_A / lora_B of the decoder layers)")
             layer, proj, ab = int(m.group(1)), m.group(2), m.group(3)
             if layer >= spec.num_layers:
@@ -67,7 +67,7 @@ class LoraAdapter:
         sizes = _projection_sizes(spec)
         self.layers: list[dict[str, LoraPair]] = [{} for _ in range(spec.num_layers)]
         for layer in range(spec.num_layers):
-            for fused, names in _FUSED.items():
+            for fused, names in fused_targets.items():
                 present = [n for n in names if (layer, n) in parts]
                 if not present:
                     continue
@@ -75,11 +75,11 @@ class LoraAdapter:
                 for n in present:
                     ab = parts[(layer, n)]
                     if set(ab) != {"A", "B"}:
-                        raise LoraError(f"{path}: layer {layer} {n}_proj lacks lora_A or lora_B")
+                        raise LoraError(f"{path}: layer {layer} {n} lacks lora_A or lora_B")
                     out_n, in_n = sizes[n]
                     a, b = ab["A"], ab["B"]
                     if a.shape[1] != in_n or b.shape[0] != out_n or a.shape[0] != b.shape[1]:
-                        raise LoraError(f"{path}: layer {layer} {n}_proj has lora_A {list(a.shape)} / lora_B "
+                        raise LoraError(f"{path}: layer {layer} {n} has lora_A {list(a.shape)} / lora_B "
                                         f"{list(b.shape)}, the model needs [r, {in_n}] / [{out_n}, r]")
                     a_rows.append(a)
                     ranks.append(a.shape[0])
@@ -157,10 +157,11 @@ def _projection_sizes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     q = spec.num_heads * spec.head_dim
     kv = spec.num_kv_heads * spec.head_dim
     h, i = spec.hidden_size, spec.intermediate_size
-    return {"q": (q, h), "k": (kv, h), "v": (kv, h), "o": (h, q), "gate": (i, h), "up": (i, h), "down": (h, i)}
+    return {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q), "gate_proj": (i, h),
+            "up_proj": (i, h), "down_proj": (h, i), "qkv_proj": (q + 2 * kv, h), "gate_up_proj": (2 * i, h)}
 
 
-def _read_config(path: str) -> dict:
+def _read_config(path: str, known: set[str]) -> dict:
     cfg_path = os.path.join(path, "adapter_config.json")
     try:
         with open(cfg_path, encoding="utf-8") as f:
@@ -177,7 +178,7 @@ def _read_config(path: str) -> dict:
     if cfg.get("bias", "none") != "none":
         unsupported["bias"] = cfg["bias"]
     targets = cfg.get("target_modules") or []  # a string is a regex or "all-linear": the weights decide
-    other = [] if isinstance(targets, str) else [t for t in targets if t not in _TARGETS]
+    other = [] if isinstance(targets, str) else [t for t in targets if t not in known]
     if other:
         unsupported["target_modules"] = other
     if unsupported:

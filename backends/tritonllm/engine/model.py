@@ -1,4 +1,5 @@
-"""The Llama-family transformer (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+"""The Llama-family transformer over a paged KV cache: every architecture of ``models.ARCHITECTURES``
+(Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3), each read through its ``Architecture``.
 
 Numerics follow transformers' reference code (RMSNorm in fp32, rotate-half RoPE with HF's inverse
 frequencies, SDPA attention) so that greedy decoding in fp32 matches HF token for token. On fp32 CPU the
@@ -68,19 +69,19 @@ class Layer:
     def __init__(self, w: dict[str, torch.Tensor], spec: ModelSpec) -> None:
         self.ln1 = w["input_layernorm.weight"]
         self.ln2 = w["post_attention_layernorm.weight"]
-        self.qkv = _fuse([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"], w["self_attn.v_proj.weight"]])
+        arch = spec.arch
+        self.qkv = _fuse([w[f"self_attn.{p}.weight"] for p in arch.qkv])
         self.qkv_b = None
         if spec.attention_bias:
-            self.qkv_b = torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"],
-                                    w["self_attn.v_proj.bias"]], 0).contiguous()
+            self.qkv_b = torch.cat([w[f"self_attn.{p}.bias"] for p in arch.qkv], 0).contiguous()
         self.o = w["self_attn.o_proj.weight"]
         self.o_b = w.get("self_attn.o_proj.bias")
         self.q_norm = w.get("self_attn.q_norm.weight")
         self.k_norm = w.get("self_attn.k_norm.weight")
-        self.gate_up = _fuse([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
+        self.gate_up = _fuse([w[f"mlp.{p}.weight"] for p in arch.gate_up])
         self.gate_up_b = None
         if spec.mlp_bias:
-            self.gate_up_b = torch.cat([w["mlp.gate_proj.bias"], w["mlp.up_proj.bias"]], 0)
+            self.gate_up_b = torch.cat([w[f"mlp.{p}.bias"] for p in arch.gate_up], 0)
         self.down = w["mlp.down_proj.weight"]
         self.down_b = w.get("mlp.down_proj.bias")
 

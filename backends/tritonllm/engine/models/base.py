@@ -1,0 +1,41 @@
+"""``Architecture``: what sets one HF architecture apart for the engine's single transformer.
+
+Every supported family is a pre-norm decoder with RMSNorm, rotary attention and a SiLU-gated MLP; they
+differ in how the checkpoint names and splits the projections and in a few switches. An Architecture
+records exactly that, so ``model.Layer`` reads any of them the same way (q/k/v fused into one ``qkv``
+matrix, gate/up into one ``gate_up``), LoRA adapters find their targets, and ``hf_config`` knows which
+config fields apply. Invariants: ``qkv`` parts concatenate to rows [q; k; v], ``gate_up`` parts to
+[gate; up] (a checkpoint that stores them fused lists one part); no architecture imports torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Architecture:
+    hf_name: str                                    # config.json "architectures" entry
+    kind: str                                       # transformers model_type
+    qkv: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")  # self_attn.<part>.weight, fused in this order
+    gate_up: tuple[str, ...] = ("gate_proj", "up_proj")    # mlp.<part>.weight, fused in this order
+    attention_bias: bool | None = None              # q/k/v biases; None: the config's attention_bias
+    qk_norm: bool = False                           # per-head RMSNorm of q and k before RoPE (Qwen3)
+    sliding_window_switch: str | None = None        # config flag that must be true for sliding_window
+
+    def lora_targets(self) -> dict[str, tuple[str, ...]]:
+        """Fused projection -> the PEFT target module names whose deltas it takes, in row order."""
+        return {"qkv": self.qkv, "o": ("o_proj",), "gate_up": self.gate_up, "down": ("down_proj",)}
+
+    def has_attention_bias(self, cfg: Any) -> bool:
+        return self.attention_bias if self.attention_bias is not None else bool(getattr(cfg, "attention_bias", False))
+
+    def sliding_window(self, cfg: Any) -> int | None:
+        window = getattr(cfg, "sliding_window", None)
+        if self.sliding_window_switch and not getattr(cfg, self.sliding_window_switch, False):
+            return None
+        return window
+
+    def check(self, cfg: Any) -> str | None:
+        """Why the engine cannot serve this config (a feature of the family it lacks), or None."""
+        return None
