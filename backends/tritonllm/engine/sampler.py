@@ -40,12 +40,12 @@ def apply_processors(logits: torch.Tensor, req: Request, end_ids: frozenset[int]
         _ban(logits, {w[0] for w in p.stop_words if len(w) == 1})
 
 
-def target_probs(scaled: torch.Tensor, params) -> torch.Tensor:
-    """The distribution a sampled request draws from: temperature-scaled logits, top-k, then top-p."""
+def target_probs(logits: torch.Tensor, params) -> torch.Tensor:
+    """The distribution a sampled request draws from: temperature-scaled logits, then top-k and top-p."""
     if params.top_k > 0:
-        kth = torch.topk(scaled, min(params.top_k, scaled.shape[-1])).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+        kth = torch.topk(logits, min(params.top_k, logits.shape[-1])).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
     if 0.0 < params.top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
         cum = sorted_p.cumsum(-1)
@@ -89,10 +89,22 @@ def top_logprobs(logp: torch.Tensor, ks: list[int]) -> list[TopLogprobs]:
     return out
 
 
-def _fast_greedy(req: Request) -> bool:
+def needs_processors(req: Request) -> bool:
+    """Its logits need more than temperature / top-k / top-p this step: an embedding bias, a grammar,
+    penalties, bad words or a pending min_tokens. The one definition the greedy fast path and speculative
+    drafting (``speculative.may_draft``) both read, so a new processor cannot be skipped by either."""
     p = req.params
-    return (p.greedy and not p.needs_penalties and not p.bad_words and req.num_output >= p.min_tokens
-            and req.matcher is None and req.embedding_bias is None)
+    return (p.needs_penalties or bool(p.bad_words) or req.num_output < p.min_tokens or req.matcher is not None
+            or req.embedding_bias is not None)
+
+
+def scaled(logits: torch.Tensor, params) -> torch.Tensor:
+    """The logits a request samples from and reports log probs of: temperature-scaled (greedy: as they are)."""
+    return logits if params.greedy else logits / params.temperature
+
+
+def _fast_greedy(req: Request) -> bool:
+    return req.params.greedy and not needs_processors(req)
 
 
 def sample(logits: torch.Tensor, reqs: list[Request],
@@ -129,17 +141,13 @@ def sample(logits: torch.Tensor, reqs: list[Request],
         if req.matcher is not None:
             req.matcher.mask(row)
         apply_processors(row, req, end_ids_of(req))
-        if req.params.greedy:
-            tok = int(row.argmax())
-            scaled = row
-        else:
-            scaled = row / req.params.temperature
-            tok = _sample_row(scaled, req)
+        row = scaled(row, req.params)
+        tok = int(row.argmax()) if req.params.greedy else _sample_row(row, req)
         tokens[i] = tok
         if req.matcher is not None:
             req.matcher.accept(tok)
         if req.params.return_log_probs or req.params.top_logprobs:
-            logp = torch.log_softmax(scaled, -1)
+            logp = torch.log_softmax(row, -1)
             if req.params.return_log_probs:
                 logprobs[i] = float(logp[tok])
             if req.params.top_logprobs:

@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from .sampler import target_probs
+from .sampler import needs_processors, scaled, target_probs
 
 
 def may_draft(req) -> bool:
-    """Whether a request may draft: the verifiers see the raw logits, so only plain temperature / top-k /
-    top-p requests qualify (no penalties, bad words, pending min_tokens, grammar or embedding bias), and
-    they report no top log-probs (``top_logprobs`` > 0 does not draft)."""
-    p = req.params
-    return not (p.needs_penalties or p.bad_words or req.num_output < p.min_tokens or req.matcher is not None
-                or req.embedding_bias is not None or p.top_logprobs)
+    """Whether a request may draft: the verifiers see the raw logits, so only requests without logits
+    processors qualify (``sampler.needs_processors``), and they report no top log-probs."""
+    return not needs_processors(req) and not req.params.top_logprobs
 
 
 def propose_ngram(tokens: list[int], k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
@@ -60,9 +57,9 @@ def verify_sampled(logits: torch.Tensor, draft: list[int], params, generator) ->
     out: list[int] = []
     lps: list[float] = []
     for i in range(len(draft) + 1):
-        scaled = logits[i] / params.temperature
-        probs = target_probs(scaled, params)
-        logp = torch.log_softmax(scaled, -1)
+        row = scaled(logits[i], params)
+        probs = target_probs(row, params)
+        logp = torch.log_softmax(row, -1)
         if i < len(draft):
             d = draft[i]
             u = torch.rand((), generator=generator, device=probs.device)
