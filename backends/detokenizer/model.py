@@ -24,6 +24,7 @@ import triton_python_backend_utils as pb_utils
 from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.postprocess import Postprocessor
 from tritonllm.text.tokenizer import load_tokenizer, parse_bool
+from tritonllm.serving.triton_kit import read_inputs
 
 
 class TritonPythonModel:
@@ -48,11 +49,7 @@ class TritonPythonModel:
 
     def _one(self, request):
         try:
-            inputs = {}
-            for name in self.input_names:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                if tensor is not None:
-                    inputs[name] = tensor.as_numpy()
+            inputs = read_inputs(pb_utils, request, self.input_names)
             arrays = self.post.run(inputs, request_id=request.request_id())
             return pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(n, arrays[n]) for n in self.output_names if n in arrays])

@@ -45,8 +45,10 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from tritonllm import contract as C  # noqa: E402
+from tritonllm.errors import InnerError  # noqa: E402
 from tritonllm.llm_io import STREAMING_NEEDS_DECOUPLED, stack_rows  # noqa: E402
 from tritonllm.paths import model_parameters, model_path_param  # noqa: E402
+from tritonllm.serving.triton_kit import read_inputs  # noqa: E402
 from tritonllm.text import bls_stream as B  # noqa: E402
 from tritonllm.text import llmapi_text as LT  # noqa: E402
 from tritonllm.text.detokenizer import tokenizer_traits  # noqa: E402
@@ -56,12 +58,6 @@ from tritonllm.text.tokenizer import load_tokenizer, parse_bool  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WATCH_PERIOD_S = 0.05
-
-
-class _InnerError(Exception):
-    def __init__(self, message, code):
-        super().__init__(message)
-        self.code = code
 
 
 class _Job:
@@ -125,11 +121,7 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            arrays = {}
-            for name in self.input_names:
-                t = pb_utils.get_input_tensor_by_name(request, name)
-                if t is not None:
-                    arrays[name] = t.as_numpy()
+            arrays = read_inputs(pb_utils, request, self.input_names)
             try:
                 if self.llmapi and LT.is_stop(arrays):
                     self._stop_request(sender, request.request_id())
@@ -176,7 +168,7 @@ class TritonPythonModel:
                 self._generate_unary(row, req, pre, seqs)
         except InvalidInput as e:
             self._fail(row.job, str(e), pb_utils.TritonError.INVALID_ARG)
-        except _InnerError as e:
+        except InnerError as e:
             self._fail(row.job, str(e), e.code)
         except Exception as e:  # never let one request take the model down
             pb_utils.Logger.log_error(f"tensorrt_llm_bls: {e!r}")
@@ -330,7 +322,7 @@ class TritonPythonModel:
             job.sender.send(response, flags=flags)
 
     def _inner_error(self, error):
-        return _InnerError(self.names(B.client_message(error.message())), _code(error))
+        return InnerError(self.names(B.client_message(error.message())), _code(error))
 
     # ---- cancellation ------------------------------------------------------------------------------
     def _watch_cancellations(self):

@@ -28,16 +28,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from tritonllm import contract as C  # noqa: E402
 from tritonllm import routing as R  # noqa: E402
+from tritonllm.errors import InnerError  # noqa: E402
+from tritonllm.serving.triton_kit import read_inputs  # noqa: E402
 from tritonllm.text import bls_stream as B  # noqa: E402
 from tritonllm.text.preprocess import InvalidInput  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-class _Failed(Exception):
-    def __init__(self, message, code):
-        super().__init__(message)
-        self.code = code
 
 
 class TritonPythonModel:
@@ -55,11 +51,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            arrays = {}
-            for name in self.input_names:
-                t = pb_utils.get_input_tensor_by_name(request, name)
-                if t is not None:
-                    arrays[name] = t.as_numpy()
+            arrays = read_inputs(pb_utils, request, self.input_names)
             self.pool.submit(self._run, request.get_response_sender(), arrays)
         return None
 
@@ -88,7 +80,7 @@ class TritonPythonModel:
                 self._relay(sender, route, req.stream, self._start(route.model, arrays))
         except InvalidInput as e:
             self._fail(sender, str(e), pb_utils.TritonError.INVALID_ARG)
-        except _Failed as e:
+        except InnerError as e:
             self._fail(sender, str(e), e.code)
         except Exception as e:  # never let one request take the model down
             pb_utils.Logger.log_error(f"{self.name}: {e!r}")
@@ -99,7 +91,7 @@ class TritonPythonModel:
         resp = pb_utils.InferenceRequest(model_name=self.config.guard_model, inputs=inputs,
                                          requested_output_names=["label", "probabilities"]).exec()
         if resp.has_error():
-            raise _Failed(f"{self.config.guard_model}: {resp.error().message()}", _code(resp.error()))
+            raise InnerError(f"{self.config.guard_model}: {resp.error().message()}", _code(resp.error()))
         return R.parse_verdict({t.name(): t.as_numpy() for t in resp.output_tensors()})
 
     def _start(self, model, arrays):
@@ -115,7 +107,7 @@ class TritonPythonModel:
             if error is not None or cancelled:
                 continue
             if resp.has_error():
-                error = _Failed(resp.error().message(), _code(resp.error()))
+                error = InnerError(resp.error().message(), _code(resp.error()))
                 continue
             tensors = resp.output_tensors()
             if not tensors:  # the inner flag-only final response

@@ -22,6 +22,7 @@ from tritonllm.error_names import with_client_names
 from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.preprocess import preprocess
 from tritonllm.text.tokenizer import TextTokenizer, chat_mode_from_params, parse_bool
+from tritonllm.serving.triton_kit import read_inputs
 
 
 class TritonPythonModel:
@@ -44,11 +45,7 @@ class TritonPythonModel:
 
     def _one(self, request):
         try:
-            inputs = {}
-            for name in self.input_names:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                if tensor is not None:
-                    inputs[name] = tensor.as_numpy()
+            inputs = read_inputs(pb_utils, request, self.input_names)
             arrays = preprocess(self.tokenizer, inputs, in_context_words=self.in_context)
             return pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(n, arrays[n]) for n in self.output_names if n in arrays])

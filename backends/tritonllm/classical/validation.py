@@ -16,6 +16,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..errors import InvalidInput
+
 # onnxruntime's type strings for the element types scikit-learn models use.
 _ORT_TO_NUMPY = {
     "tensor(float)": np.dtype(np.float32),
@@ -27,8 +29,8 @@ _ORT_TO_NUMPY = {
 }
 
 
-class InputError(ValueError):
-    """A request the model cannot accept (maps to Triton's INVALID_ARG)."""
+class InputError(InvalidInput):
+    """A request the model cannot accept (INVALID_ARG), with the offending input's name."""
 
     def __init__(self, input_name: str | None, message: str):
         super().__init__(message)

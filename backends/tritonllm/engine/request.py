@@ -12,12 +12,8 @@ import torch
 MAX_TOP_LOGPROBS = 20
 
 
-class InvalidRequest(ValueError):
-    """A request the engine refuses; the message names the offending input (maps to INVALID_ARG)."""
-
-
-class QueueFull(RuntimeError):
-    """The waiting queue is at max_queue_size (maps to UNAVAILABLE)."""
+from ..errors import InvalidInput as InvalidRequest  # noqa: E402  (the engine's name for bad input)
+from ..errors import QueueFull  # noqa: E402,F401  (re-exported)
 
 
 @dataclass

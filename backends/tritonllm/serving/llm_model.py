@@ -33,6 +33,7 @@ from ..llm_jobs import CANCELLED, Jobs
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
 from ..paths import model_parameters
 from .generator import BackendBuilder, GeneratorBackend
+from .triton_kit import read_inputs
 
 
 class _TritonLogHandler(logging.Handler):
@@ -107,11 +108,7 @@ class LLMTritonModel:
             sender = request.get_response_sender()
             ensemble = False
             try:
-                arrays = {}
-                for name in INPUT_NAMES:
-                    t = pb.get_input_tensor_by_name(request, name)
-                    if t is not None:
-                        arrays[name] = t.as_numpy()
+                arrays = read_inputs(pb, request, INPUT_NAMES)
                 ensemble = wants_ensemble_names(arrays)
                 batch = parse_request(arrays, self.default_exclude_input, _timeout_us(request))
                 if batch.stop:

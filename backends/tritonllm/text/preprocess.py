@@ -23,12 +23,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..errors import InvalidInput  # noqa: F401  (re-exported: the text steps' bad input)
 from .tokenizer import TextTokenizer
 from .word_lists import parse_words, stack_word_lists, words_to_word_list
 
-
-class InvalidInput(ValueError):
-    """A request the client must fix (Triton: INVALID_ARG)."""
 
 
 def _text(value: object, name: str) -> str:
