@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch_layout import attention_meta
-from .kv_cache import BlockPool, KVCache, NoFreeBlocks
+from .kv_cache import BlockPool, KVCache
+from .kv_manager import KVCacheManager
 from .model import Transformer
 from .request import Request
 
@@ -42,6 +43,7 @@ class DraftModel:
         self.model = model
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.kv_manager = KVCacheManager(self.pool, block_size)  # no prefix cache: drafts are private
         self.kv = KVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
                           model.dtype, model.device)
         self.states: dict[str, _State] = {}
@@ -97,14 +99,7 @@ class DraftModel:
 
     def _reserve(self, req: Request, last_pos: int) -> bool:
         st = self.states.setdefault(req.request_id, _State())
-        need = -(-(last_pos + 1) // self.block_size) - len(st.blocks)
-        if need <= 0:
-            return True
-        try:
-            st.blocks.extend(self.pool.allocate(need))
-            return True
-        except NoFreeBlocks:
-            return False
+        return self.kv_manager.allocate_slots(st.blocks, last_pos + 1)
 
     def _forward(self, spans, ids, pos, rows) -> list[int]:
         dev = self.model.device

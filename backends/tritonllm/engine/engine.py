@@ -201,10 +201,7 @@ class LLMEngine:
         sampling, rows, meta, ids, pos = self._prepare(sched.items)
         logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
         speculating = [req for req, _ in sched.items if req.draft]
-        for req, n in sched.items:
-            if not req.draft:
-                req.num_computed += n
-                self._register(req)
+        self.scheduler.update_from_output(sched.items)
         self.stats.prefix_hit_tokens = self.scheduler.prefix_hits
         self.stats.prefix_query_tokens = self.scheduler.prefix_queries
         plain = len(sampling) - len(speculating)
@@ -233,10 +230,6 @@ class LLMEngine:
             context_requests=len(context), generation_requests=len(sched.items) - len(context),
             context_tokens=sum(min(n, req.num_prompt - req.num_computed) for req, n in context),
             paused_requests=len(sched.preempted))
-
-    def _register(self, req: Request) -> None:
-        if self.config.enable_prefix_caching and req.block_table:
-            self.scheduler.register_full_blocks(req)
 
     def _propose_drafts(self) -> None:
         eligible, rooms = [], []
@@ -283,7 +276,7 @@ class LLMEngine:
                 outputs.append(out)
                 if out.finished:
                     return outputs
-        self._register(req)
+        self.scheduler.kv.cache_full_blocks(req)  # the accepted tokens are appended: their full blocks publish
         return outputs
 
     def _prepare(self, items):

@@ -1,7 +1,7 @@
 """A prompt's KV blocks out of one engine and into another (disaggregated prefill / decode).
 
 The unit moved is a run of *full* prompt blocks under their chained prefix-cache hashes
-(``kv_cache.block_hash``): exactly what ``Scheduler._match_prefix`` looks up. So an imported prefix is
+(``kv_cache.block_hash``): exactly what ``KVCacheManager.match_prefix`` looks up. So an imported prefix is
 used the ordinary way: the decode engine admits the request, the prefix match takes the imported blocks,
 and only the rest of the prompt (at least its last token, whose logits are needed) is computed there.
 Nothing here changes what a request computes; a block that fails to arrive is recomputed.

@@ -22,7 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from .config import EngineConfig
-from .kv_cache import BlockPool, NoFreeBlocks, adapter_root, block_hash
+from .kv_cache import BlockPool
+from .kv_manager import KVCacheManager
 from .request import Request, Status
 
 
@@ -36,6 +37,7 @@ class Scheduler:
     def __init__(self, config: EngineConfig, pool: BlockPool) -> None:
         self.config = config
         self.pool = pool
+        self.kv = KVCacheManager(pool, config.block_size, config.enable_prefix_caching)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.by_id: dict[str, Request] = {}   # every request in the scheduler, waiting or running
@@ -62,13 +64,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _grow(self, req: Request, num_tokens: int) -> bool:
-        need = -(-num_tokens // self.config.block_size) - len(req.block_table)
-        if need <= 0:
-            return True
         total, new = self.pool.num_alloc_total, self.pool.num_alloc_new
-        try:
-            req.block_table.extend(self.pool.allocate(need))
-        except NoFreeBlocks:
+        if not self.kv.allocate_slots(req.block_table, num_tokens):
             return False
         if req.num_computed < req.num_prompt:  # context blocks (see RequestMetrics)
             req.metrics.kv_alloc_total_blocks += self.pool.num_alloc_total - total
@@ -76,37 +73,15 @@ class Scheduler:
         return True
 
     def free(self, req: Request) -> None:
-        self.pool.release(req.block_table)
-        req.block_table = []
-        req.block_hashes = []
+        self.kv.free(req)
 
-    def _match_prefix(self, req: Request) -> int:
-        """Points a fresh request at cached blocks of its longest cached prefix; returns tokens reused.
-        At least the last token is always recomputed: its logits are needed."""
-        bs = self.config.block_size
-        parent = adapter_root(req.params.lora_task_id)
-        for i in range((len(req.token_ids) - 1) // bs):
-            h = block_hash(parent, req.token_ids[i * bs:(i + 1) * bs])
-            b = self.pool.lookup(h)
-            if b is None:
-                break
-            self.pool.take(b)
-            req.block_table.append(b)
-            req.block_hashes.append(h)
-            parent = h
-        req.num_computed = len(req.block_table) * bs
-        return req.num_computed
-
-    def register_full_blocks(self, req: Request) -> None:
-        """Publishes blocks that became full and computed (prefix caching on)."""
-        bs = self.config.block_size
-        while len(req.block_hashes) < req.num_computed // bs:
-            i = len(req.block_hashes)
-            parent = req.block_hashes[-1] if i else adapter_root(req.params.lora_task_id)
-            tokens = req.token_ids[i * bs:(i + 1) * bs]
-            h = block_hash(parent, tokens)
-            self.pool.register(req.block_table[i], h, parent, tokens)
-            req.block_hashes.append(h)
+    def update_from_output(self, items: list[tuple[Request, int]]) -> None:
+        """After the model ran a step: the scheduled tokens of requests without a draft now have KV (a
+        draft's count once verified, by the engine), and blocks that became full enter the prefix cache."""
+        for req, n in items:
+            if not req.draft:
+                req.num_computed += n
+                self.kv.cache_full_blocks(req)
 
     def _preempt(self, req: Request) -> None:
         self.free(req)
@@ -198,7 +173,7 @@ class Scheduler:
                 continue
             hit = -1
             if self.config.enable_prefix_caching and req.num_computed == 0:
-                hit = self._match_prefix(req)
+                hit = req.num_computed = self.kv.match_prefix(req)
             remaining = len(req.token_ids) - req.num_computed
             if not self.config.enable_chunked_prefill and remaining > budget:
                 break

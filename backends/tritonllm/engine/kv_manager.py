@@ -1,0 +1,71 @@
+"""KVCacheManager: the one owner of a BlockPool's blocks on behalf of requests (vLLM v1's seam: the
+scheduler asks it for slots, it never touches the pool).
+
+Invariants:
+- a block list it extends (``Request.block_table``, or a drafter's list) holds exactly the blocks it handed
+  out, each counted once in the pool's reference counts; ``free`` gives every one back;
+- ``Request.block_hashes[i]`` is the chained hash (``kv_cache.block_hash``, rooted per LoRA adapter) of block
+  i, recorded only once block i is full and computed, and then published in the prefix cache;
+- a prefix match shares whole cached blocks only (ref count + 1 each) and always leaves at least the last
+  prompt token to compute, because its logits are needed.
+"""
+from __future__ import annotations
+
+from .kv_cache import BlockPool, NoFreeBlocks, adapter_root, block_hash
+from .request import Request
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, block_size: int, enable_prefix_caching: bool = False) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def allocate_slots(self, blocks: list[int], num_tokens: int) -> bool:
+        """Extends ``blocks`` in place until they hold ``num_tokens`` tokens; False (nothing taken) when the
+        pool has too few free blocks."""
+        need = self.blocks_for(num_tokens) - len(blocks)
+        if need <= 0:
+            return True
+        try:
+            blocks.extend(self.pool.allocate(need))
+        except NoFreeBlocks:
+            return False
+        return True
+
+    def match_prefix(self, req: Request) -> int:
+        """Points a fresh request at the cached blocks of its longest cached prefix; returns the tokens
+        reused (a multiple of the block size)."""
+        bs = self.block_size
+        parent = adapter_root(req.params.lora_task_id)
+        for i in range((len(req.token_ids) - 1) // bs):
+            h = block_hash(parent, req.token_ids[i * bs:(i + 1) * bs])
+            b = self.pool.lookup(h)
+            if b is None:
+                break
+            self.pool.take(b)
+            req.block_table.append(b)
+            req.block_hashes.append(h)
+            parent = h
+        return len(req.block_table) * bs
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Publishes the request's blocks that became full and computed (prefix caching on)."""
+        if not self.enable_prefix_caching or not req.block_table:
+            return
+        bs = self.block_size
+        while len(req.block_hashes) < req.num_computed // bs:
+            i = len(req.block_hashes)
+            parent = req.block_hashes[-1] if i else adapter_root(req.params.lora_task_id)
+            tokens = req.token_ids[i * bs:(i + 1) * bs]
+            h = block_hash(parent, tokens)
+            self.pool.register(req.block_table[i], h, parent, tokens)
+            req.block_hashes.append(h)
+
+    def free(self, req: Request) -> None:
+        self.pool.release(req.block_table)
+        req.block_table = []
+        req.block_hashes = []
