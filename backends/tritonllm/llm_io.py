@@ -12,11 +12,9 @@ from their source, not run here):
   ``input_ids`` of garbage, ``input_lengths`` 0, ``request_output_len`` 0);
 - a batch of N rows is N engine requests, every input sliced per row; ``input_ids`` rows are cut to
   their ``input_lengths``;
-- accepted and ignored, as NVIDIA's backend ignores them in this configuration: ``decoder_input_ids`` /
-  ``decoder_input_lengths`` (decoder-only model), ``len_penalty`` / ``early_stopping`` /
-  ``beam_search_diversity_rate`` (beam search only; beam width is 1), ``pad_id`` (pads beams),
-  ``draft_input_ids`` (client drafts; verification is lossless, so only speed is lost), and
-  ``runtime_top_p_min`` / ``runtime_top_p_reset_ids`` (they only shape a top-p decay, which is refused);
+- accepted and ignored, as NVIDIA's backend ignores them in this configuration: ``IGNORED_INPUTS`` (each
+  with its reason); every other declared input changes the request or is refused (a unit test sends each
+  one);
 - ``num_return_sequences`` n: n engine requests of the row (``llm_jobs.sequence_params``: seeds seed + i,
   prompt KV shared), each answering with ``sequence_index`` (only when n > 1); decoupled models only;
 - ``embedding_bias`` (dense, added to the logits), ``top_logprobs`` / ``priority`` (ours) and the
@@ -39,6 +37,20 @@ from . import contract as C
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
 MAX_RETURN_SEQUENCES = 16
+# Declared inputs that do not change what is generated here, as in NVIDIA's backend for a decoder-only
+# engine at beam width 1. Everything else declared is served or refused (tests/unit/test_llm_io.py).
+IGNORED_INPUTS: dict[str, str] = {
+    "decoder_input_ids": "encoder-decoder models only (NVIDIA's preprocessing always sends [[pad_id]])",
+    "decoder_input_lengths": "encoder-decoder models only",
+    "len_penalty": "beam search only; beam width is 1",
+    "early_stopping": "beam search only; beam width is 1",
+    "beam_search_diversity_rate": "beam search only; beam width is 1",
+    "pad_id": "pads beams of different lengths; one beam here",
+    "draft_input_ids": "client drafts: verification is lossless, so only speed is lost",
+    "runtime_top_p_min": "only shapes a top-p decay, which is refused (runtime_top_p_decay)",
+    "runtime_top_p_reset_ids": "only shapes a top-p decay, which is refused (runtime_top_p_decay)",
+    "ensemble_names": "ours: read by the adapter to name the ensemble's inputs in errors",
+}
 _DTYPES = {t.name: np.dtype(C.numpy_dtype(t.dtype)) for t in C.TENSORRT_LLM_INPUTS}
 INPUT_NAMES = tuple(t.name for t in C.TENSORRT_LLM_INPUTS)
 
@@ -183,6 +195,9 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
         raise InvalidRequest(f"runtime_top_p_decay {decay} is not supported (only 1.0: no decay)")
     guide_type = _text(arrays, "guided_decoding_guide_type")
     guide = (guide_type, _text(arrays, "guided_decoding_guide")) if guide_type else None
+    if guide is None and _text(arrays, "guided_decoding_guide"):
+        raise InvalidRequest("guided_decoding_guide needs guided_decoding_guide_type (json, json_schema, regex "
+                             "or ebnf_grammar)")
     seed = _scalar(arrays, "seed")
     lora = _scalar(arrays, "lora_task_id")
     params = SamplingParams(

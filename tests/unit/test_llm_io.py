@@ -142,3 +142,53 @@ def test_speculative_modes_and_lora_inputs():
         parse_request(_req(lora_task_id=np.array([[3]], np.int32)), True)
     with pytest.raises(InvalidRequest, match="lora_weights: in-request LoRA weights are not supported"):
         parse_request(_req(lora_weights=np.ones((1, 2, 4), np.float16)), True)
+
+
+def _non_default(t) -> np.ndarray:
+    """A value of tensor ``t`` that differs from its default, shaped [batch 1, ...dims]."""
+    if t.name.endswith("words_list"):
+        return np.array([[[5], [1]]], np.int32)
+    if t.name == "embedding_bias":
+        return np.array([[0.0, 2.0]], np.float32)
+    if t.name in ("lora_weights", "lora_config"):
+        return np.ones((1, 1, 3), np.float16 if t.name == "lora_weights" else np.int32)
+    if t.name == "exclude_input_in_output":  # default true here (the model's exclude_input_in_output)
+        return np.array([[False]])
+    if t.name == "guided_decoding_guide_type":
+        return np.array([[b"json"]], object)
+    if t.name == "guided_decoding_guide":
+        return np.array([[b"{}"]], object)
+    value = {"TYPE_BOOL": True, "TYPE_FP32": 0.37, "TYPE_INT32": 3, "TYPE_UINT64": 3}[t.dtype]
+    return np.full((1,) + tuple(max(d, 1) for d in t.dims), value, dtype=C.numpy_dtype(t.dtype))
+
+
+def _fields(row) -> dict:
+    import dataclasses
+
+    out = {**dataclasses.asdict(row.flags), "streaming": row.streaming, "exclude_input": row.exclude_input,
+           "num_sequences": row.num_sequences, "prompt": row.prompt_ids}
+    for f in dataclasses.fields(row.params):
+        v = getattr(row.params, f.name)
+        out[f.name] = v.tolist() if hasattr(v, "tolist") else v
+    return out
+
+
+@pytest.mark.parametrize("tensor", [t for t in C.TENSORRT_LLM_INPUTS
+                                    if t.name not in ("input_ids", "input_lengths", "request_output_len")],
+                         ids=lambda t: t.name)
+def test_no_declared_input_is_dropped_silently(tensor):
+    """Each declared input, sent with a non-default value, changes the parsed request, is refused naming
+    itself, or is listed with its reason in IGNORED_INPUTS (as NVIDIA's backend ignores it too)."""
+    from tritonllm.llm_io import IGNORED_INPUTS
+
+    base = _fields(_one())
+    try:
+        batch = parse_request(_req(**{tensor.name: _non_default(tensor)}), True)
+    except InvalidRequest as e:
+        assert tensor.name in str(e)
+        return
+    if batch.stop:
+        assert tensor.name == "stop"
+        return
+    changed = _fields(batch.rows[0]) != base
+    assert changed != (tensor.name in IGNORED_INPUTS), f"{tensor.name}: changed={changed}"
