@@ -28,6 +28,7 @@ from their source, not run here):
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,38 @@ from . import contract as C
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
 MAX_RETURN_SEQUENCES = 16
+# SamplingParams field <- tensorrt_llm scalar input, conversion, default (TensorRT-LLM's): one row each.
+SCALAR_FIELDS: tuple[tuple[str, str, type, object], ...] = (
+    ("temperature", "temperature", float, 1.0),
+    ("top_k", "runtime_top_k", int, 0),
+    ("top_p", "runtime_top_p", float, 0.0),
+    ("repetition_penalty", "repetition_penalty", float, 1.0),
+    ("presence_penalty", "presence_penalty", float, 0.0),
+    ("frequency_penalty", "frequency_penalty", float, 0.0),
+    ("min_tokens", "min_tokens", int, 0),
+    ("seed", "seed", int, None),
+    ("end_id", "end_id", int, None),
+    ("return_log_probs", "return_log_probs", bool, False),
+    ("lora_task_id", "lora_task_id", int, None),
+    ("top_logprobs", "top_logprobs", int, 0),
+    ("priority", "priority", float, 0.5),
+)
+# The engine names its own fields in errors (SamplingParams.verify, LLMEngine.validate); on the tensor
+# contract they are the inputs they came from, where the names differ.
+TENSOR_OF_FIELD: dict[str, str] = {
+    **{field: name for field, name, _, _ in SCALAR_FIELDS if field != name},
+    "prompt_ids": "input_ids", "max_tokens": "request_output_len", "stop_words": "stop_words_list",
+    "bad_words": "bad_words_list", "guide": "guided_decoding_guide_type", "allotted_time_ms": "timeout",
+}
+_FIELD_WORD = re.compile(r"\b(" + "|".join(TENSOR_OF_FIELD) + r")\b")
+
+
+def in_tensor_names(message: str) -> str:
+    """An engine error in the tensorrt_llm contract's input names ("max_tokens must be >= 1" ->
+    "request_output_len must be >= 1"); messages already in those names are unchanged."""
+    return _FIELD_WORD.sub(lambda m: TENSOR_OF_FIELD[m.group(1)], message)
+
+
 # Declared inputs that do not change what is generated here, as in NVIDIA's backend for a decoder-only
 # engine at beam width 1. Everything else declared is served or refused (tests/unit/test_llm_io.py).
 IGNORED_INPUTS: dict[str, str] = {
@@ -198,27 +231,17 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
     if guide is None and _text(arrays, "guided_decoding_guide"):
         raise InvalidRequest("guided_decoding_guide needs guided_decoding_guide_type (json, json_schema, regex "
                              "or ebnf_grammar)")
-    seed = _scalar(arrays, "seed")
-    lora = _scalar(arrays, "lora_task_id")
+    scalars = {}
+    for field, name, conv, default in SCALAR_FIELDS:
+        value = _scalar(arrays, name, default)
+        scalars[field] = conv(value) if value is not None else None
     params = SamplingParams(
         max_tokens=int(out_len),
-        temperature=float(_scalar(arrays, "temperature", 1.0)),
-        top_k=int(_scalar(arrays, "runtime_top_k", 0)),
-        top_p=float(_scalar(arrays, "runtime_top_p", 0.0)),
-        repetition_penalty=float(_scalar(arrays, "repetition_penalty", 1.0)),
-        presence_penalty=float(_scalar(arrays, "presence_penalty", 0.0)),
-        frequency_penalty=float(_scalar(arrays, "frequency_penalty", 0.0)),
-        min_tokens=int(_scalar(arrays, "min_tokens", 0)),
-        seed=int(seed) if seed is not None else None,
-        end_id=_scalar(arrays, "end_id"),
+        **scalars,
         stop_words=decode_word_list(arrays.get("stop_words_list"), "stop_words_list"),
         bad_words=decode_word_list(arrays.get("bad_words_list"), "bad_words_list"),
-        return_log_probs=bool(_scalar(arrays, "return_log_probs", False)),
         guide=guide,
-        lora_task_id=int(lora) if lora is not None else None,
         embedding_bias=bias,
-        top_logprobs=int(_scalar(arrays, "top_logprobs", 0)),
-        priority=float(_scalar(arrays, "priority", 0.5)),
         allotted_time_ms=-(-timeout_us // 1000) if timeout_us > 0 else None,
     )
     flags = OutputFlags(log_probs=params.return_log_probs,

@@ -98,21 +98,25 @@ def test_abort_frees_blocks(engine):
     assert not engine.has_work()
 
 
-@pytest.mark.parametrize("prompt,params,needle", [
-    ([], SamplingParams(), "input_ids is empty"),
-    ([1, 100000], SamplingParams(), "outside the vocabulary"),
-    ([1, 2], SamplingParams(max_tokens=0), "request_output_len"),
-    ([1, 2], SamplingParams(max_tokens=10**6), "max_seq_len"),
-    ([1, 2], SamplingParams(temperature=float("nan")), "temperature"),
-    ([1, 2], SamplingParams(temperature=-1.0), "temperature"),
-    ([1, 2], SamplingParams(top_p=1.5), "runtime_top_p"),
-    ([1, 2], SamplingParams(top_k=-2), "runtime_top_k"),
-    ([1, 2], SamplingParams(stop_words=[[]]), "stop_words_list"),
-    ([1, 2], SamplingParams(bad_words=[[10**6]]), "bad_words_list"),
+@pytest.mark.parametrize("prompt,params,needle,tensor", [
+    ([], SamplingParams(), "prompt_ids is empty", "input_ids is empty"),
+    ([1, 100000], SamplingParams(), "outside the vocabulary", "outside the vocabulary"),
+    ([1, 2], SamplingParams(max_tokens=0), "max_tokens", "request_output_len"),
+    ([1, 2], SamplingParams(max_tokens=10**6), "max_seq_len", "request_output_len 1000000 exceeds max_seq_len"),
+    ([1, 2], SamplingParams(temperature=float("nan")), "temperature", "temperature"),
+    ([1, 2], SamplingParams(temperature=-1.0), "temperature", "temperature"),
+    ([1, 2], SamplingParams(top_p=1.5), "top_p", "runtime_top_p"),
+    ([1, 2], SamplingParams(top_k=-2), "top_k", "runtime_top_k"),
+    ([1, 2], SamplingParams(stop_words=[[]]), "stop_words", "stop_words_list"),
+    ([1, 2], SamplingParams(bad_words=[[10**6]]), "bad_words", "bad_words_list"),
 ])
-def test_invalid_requests_name_the_input(engine, prompt, params, needle):
-    with pytest.raises(InvalidRequest, match=needle):
+def test_invalid_requests_name_the_input(engine, prompt, params, needle, tensor):
+    """The engine names its own fields; the tensor contract renames them to its inputs."""
+    from tritonllm.llm_io import in_tensor_names
+
+    with pytest.raises(InvalidRequest, match=needle) as e:
         engine.add_request("bad", prompt, params)
+    assert tensor in in_tensor_names(str(e.value))
     assert not engine.has_work()
 
 

@@ -185,14 +185,14 @@ def test_perf_metrics_map_to_request_metrics(runner, rec):
 
 
 def test_refusals_name_the_input(runner, rec):
-    for params, name in ((SamplingParams(guide=("json", "")), "guided_decoding_guide_type"),
+    for params, name in ((SamplingParams(guide=("json", "")), "guide"),
                          (SamplingParams(lora_task_id=1), "lora_task_id"),
-                         (SamplingParams(bad_words=[[3, 4]]), "bad_words_list"),
-                         (SamplingParams(max_tokens=0), "request_output_len"),
+                         (SamplingParams(bad_words=[[3, 4]]), "bad_words"),
+                         (SamplingParams(max_tokens=0), "max_tokens"),
                          (SamplingParams(max_tokens=60), "max_seq_len"),
-                         (SamplingParams(top_p=1.5), "runtime_top_p"),
+                         (SamplingParams(top_p=1.5), "top_p"),
                          (SamplingParams(top_logprobs=2), "top_logprobs"),
-                         (SamplingParams(allotted_time_ms=100), "timeout")):
+                         (SamplingParams(allotted_time_ms=100), "allotted_time_ms")):
         with pytest.raises(InvalidRequest, match=name):
             runner.submit_all([("r", [1] * 8, params)])
     base = {"input_ids": np.array([[1, 2]], np.int32), "input_lengths": np.array([[2]], np.int32),

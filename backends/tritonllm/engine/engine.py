@@ -86,22 +86,22 @@ class LLMEngine:
         """Raises InvalidRequest naming the input. Read-only, safe to call from any thread."""
         V = self.spec.vocab_size
         if not prompt_ids:
-            raise InvalidRequest("input_ids is empty")
+            raise InvalidRequest("prompt_ids is empty")
         bad = [t for t in prompt_ids if not 0 <= t < V]
         if bad:
-            raise InvalidRequest(f"input_ids holds ids outside the vocabulary [0, {V}): {bad[:5]}")
+            raise InvalidRequest(f"prompt_ids holds ids outside the vocabulary [0, {V}): {bad[:5]}")
         if len(prompt_ids) > self.max_input_len:
-            raise InvalidRequest(f"input_ids has {len(prompt_ids)} tokens, max_input_len is {self.max_input_len}")
+            raise InvalidRequest(f"prompt_ids has {len(prompt_ids)} tokens, max_input_len is {self.max_input_len}")
         params.verify()
         if params.embedding_bias is not None and params.embedding_bias.numel() > V:
             raise InvalidRequest(f"embedding_bias has {params.embedding_bias.numel()} entries, "
                                  f"more than the vocabulary ({V})")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_seq_len:
-            raise InvalidRequest(f"input length {len(prompt_ids)} + request_output_len {params.max_tokens} "
+            raise InvalidRequest(f"prompt_ids length {len(prompt_ids)} + max_tokens {params.max_tokens} "
                                  f"exceeds max_seq_len {self.max_seq_len}")
         if total > self.pool.num_blocks * self.config.block_size:
-            raise InvalidRequest(f"input length + request_output_len = {total} tokens exceeds the KV cache "
+            raise InvalidRequest(f"prompt_ids length + max_tokens = {total} tokens exceeds the KV cache "
                                  f"({self.pool.num_blocks * self.config.block_size} tokens)")
         if not self.config.enable_chunked_prefill and total > self.config.max_num_tokens:
             raise InvalidRequest(f"{total} tokens exceed max_num_tokens {self.config.max_num_tokens} "
@@ -112,7 +112,7 @@ class LLMEngine:
             self.lora.validate(params.lora_task_id)
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
-        for name, words in (("stop_words_list", params.stop_words), ("bad_words_list", params.bad_words)):
+        for name, words in (("stop_words", params.stop_words), ("bad_words", params.bad_words)):
             for w in words:
                 if not w or any(not 0 <= t < V for t in w):
                     raise InvalidRequest(f"{name} holds an empty word or ids outside the vocabulary")

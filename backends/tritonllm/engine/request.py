@@ -51,12 +51,12 @@ class SamplingParams:
     prefill_after: str | None = None
 
     def verify(self) -> None:
-        """Refuse values no engine can serve (InvalidRequest naming NVIDIA's input), as vLLM's
+        """Refuse values no engine can serve (InvalidRequest naming the field), as vLLM's
         ``SamplingParams._verify_args``; limits that depend on the model (vocabulary, lengths) are the
-        engine's to check."""
+        engine's to check. The tensor contract renames fields to its inputs (``llm_io.in_tensor_names``)."""
         if self.max_tokens < 1:
-            raise InvalidRequest(f"request_output_len must be >= 1, got {self.max_tokens}")
-        for name, value in (("temperature", self.temperature), ("runtime_top_p", self.top_p),
+            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name, value in (("temperature", self.temperature), ("top_p", self.top_p),
                             ("repetition_penalty", self.repetition_penalty),
                             ("presence_penalty", self.presence_penalty),
                             ("frequency_penalty", self.frequency_penalty)):
@@ -65,9 +65,9 @@ class SamplingParams:
         if self.temperature < 0:
             raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 <= self.top_p <= 1.0:
-            raise InvalidRequest(f"runtime_top_p must be in [0, 1], got {self.top_p}")
+            raise InvalidRequest(f"top_p must be in [0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise InvalidRequest(f"runtime_top_k must be >= 0, got {self.top_k}")
+            raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
         if self.repetition_penalty <= 0:
             raise InvalidRequest(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.min_tokens < 0:

@@ -7,7 +7,8 @@ codes -- is shared and never sees which one runs.
 
 Invariants every backend keeps (the shared part relies on them):
 - ``submit_all`` admits every request of the list or none; it raises ``InvalidRequest`` (a message naming
-  the offending input; answered INVALID_ARG) or ``QueueFull`` (answered UNAVAILABLE) in the caller's
+  the offending SamplingParams field or ``prompt_ids``, which the shared part renames to the contract's
+  input, ``llm_io.in_tensor_names``; answered INVALID_ARG) or ``QueueFull`` (answered UNAVAILABLE) in the caller's
   thread, before anything is generated;
 - every admitted request gets exactly one final ``RequestOutput`` (``finished=True``) through the
   ``on_output`` callback given to the builder: on its end, on ``abort``, on an error (``error`` set) and on

@@ -27,8 +27,8 @@ import time
 
 from ..engine.request import InvalidRequest, QueueFull
 from ..error_names import with_client_names
-from ..llm_io import (INPUT_NAMES, SEQUENCES_NEED_DECOUPLED, STREAMING_NEEDS_DECOUPLED, parse_request,
-                      wants_ensemble_names)
+from ..llm_io import (INPUT_NAMES, SEQUENCES_NEED_DECOUPLED, STREAMING_NEEDS_DECOUPLED, in_tensor_names,
+                      parse_request, wants_ensemble_names)
 from ..llm_jobs import CANCELLED, Jobs
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
 from ..paths import model_parameters
@@ -125,8 +125,9 @@ class LLMTritonModel:
                 except Exception:
                     self.jobs.forget(job)
                     raise
-            except InvalidRequest as e:  # through the ensemble, also its input names: "request_output_len (max_tokens)"
-                self._fail(sender, with_client_names(str(e)) if ensemble else str(e), pb.TritonError.INVALID_ARG)
+            except InvalidRequest as e:  # in the contract's names; through the ensemble also its own ones
+                message = in_tensor_names(str(e))      # "max_tokens" -> "request_output_len (max_tokens)"
+                self._fail(sender, with_client_names(message) if ensemble else message, pb.TritonError.INVALID_ARG)
             except QueueFull as e:
                 self._fail(sender, str(e), pb.TritonError.UNAVAILABLE)
             except Exception as e:  # never let one request take the model down

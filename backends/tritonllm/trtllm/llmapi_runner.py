@@ -79,26 +79,26 @@ def sampling_kwargs(p: SamplingParams) -> tuple[dict, list[list[int]]]:
 def validate(prompt_ids: list[int], p: SamplingParams, max_seq_len: int | None) -> None:
     """What we refuse before TensorRT-LLM sees it (messages as our engine's, naming the input)."""
     if not prompt_ids:
-        raise InvalidRequest("input_ids is empty")
+        raise InvalidRequest("prompt_ids is empty")
     if any(t < 0 for t in prompt_ids):
-        raise InvalidRequest(f"input_ids holds negative ids: {[t for t in prompt_ids if t < 0][:5]}")
+        raise InvalidRequest(f"prompt_ids holds negative ids: {[t for t in prompt_ids if t < 0][:5]}")
     p.verify()
     if max_seq_len and len(prompt_ids) + p.max_tokens > max_seq_len:
-        raise InvalidRequest(f"input length {len(prompt_ids)} + request_output_len {p.max_tokens} "
+        raise InvalidRequest(f"prompt_ids length {len(prompt_ids)} + max_tokens {p.max_tokens} "
                              f"exceeds max_seq_len {max_seq_len}")
-    for name, words in (("stop_words_list", p.stop_words), ("bad_words_list", p.bad_words)):
+    for name, words in (("stop_words", p.stop_words), ("bad_words", p.bad_words)):
         if any(not w or any(t < 0 for t in w) for w in words):
             raise InvalidRequest(f"{name} holds an empty word or ids outside the vocabulary")
     if any(len(w) > 1 for w in p.bad_words):
-        raise InvalidRequest("bad_words_list: words of more than one token are not supported with TensorRT-LLM's "
+        raise InvalidRequest("bad_words: words of more than one token are not supported with TensorRT-LLM's "
                              "LLM API (it takes bad words as single token ids)")
     if p.guide is not None:
-        raise InvalidRequest("guided_decoding_guide_type: guided decoding is not supported by the llmapi profile")
+        raise InvalidRequest("guide: guided decoding is not supported by the llmapi profile")
     if p.lora_task_id is not None:
         raise InvalidRequest(f"lora_task_id {p.lora_task_id}: LoRA adapters are not supported by the llmapi profile")
     # Our engine's request options, not mapped onto TensorRT-LLM's LLM API here (yet): refused, not ignored.
     for name, given in (("embedding_bias", p.embedding_bias is not None), ("top_logprobs", p.top_logprobs > 0),
-                        ("priority", p.priority != 0.5), ("timeout", p.allotted_time_ms is not None)):
+                        ("priority", p.priority != 0.5), ("allotted_time_ms", p.allotted_time_ms is not None)):
         if given:
             raise InvalidRequest(f"{name}: not supported by the llmapi profile")
 
