@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from . import contract as C
+from .engine.knobs import KNOBS, SPECULATIVE_MODES
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
 MAX_RETURN_SEQUENCES = 16
@@ -352,50 +353,16 @@ def stack_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 # prompt_lookup: n-gram drafts; draft_model (TensorRT-LLM: draft_tokens_external): the checkpoint in the
 # `draft_model_path` parameter drafts (the adapter resolves that path).
-SPECULATIVE_MODES = ("prompt_lookup", "draft_model", "draft_tokens_external")
 DRAFT_MODEL_MODES = SPECULATIVE_MODES[1:]
 
 
 def engine_config_from_parameters(p: dict[str, str]):
-    """config.pbtxt parameters (NVIDIA's names where they exist) -> EngineConfig."""
+    """config.pbtxt parameters -> (EngineConfig, exclude_input_in_output), every knob parsed and checked by
+    its row of ``engine.knobs.KNOBS`` (ValueError naming the parameter)."""
     from .engine.config import EngineConfig
 
-    def get(name, conv, default=None):
-        v = p.get(name)
-        if v is None or v == "" or v.startswith("${"):
-            return default
-        try:
-            return conv(v)
-        except ValueError as e:
-            raise ValueError(f"parameter {name}={v!r}: {e}") from e
-
-    def boolean(v: str) -> bool:
-        if v.lower() in ("1", "true", "yes", "on"):
-            return True
-        if v.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError("expected true or false")
-
-    return EngineConfig(
-        block_size=get("tokens_per_block", int, 16),
-        max_kv_tokens=get("max_tokens_in_paged_kv_cache", int),
-        kv_mem_fraction=get("kv_cache_free_gpu_mem_fraction", float, 0.9),
-        max_num_tokens=get("max_num_tokens", int, 512),
-        max_num_seqs=get("max_num_sequences", int, 64),
-        max_queue_size=get("max_queue_size", int, 1024),
-        enable_chunked_prefill=get("enable_chunked_context", boolean, True),
-        enable_prefix_caching=get("enable_kv_cache_reuse", boolean, False),
-        max_draft_len=(get("max_draft_len", int, 0)
-                       if get("speculative_decoding_mode", str, "") in SPECULATIVE_MODES else 0),
-        ngram_max=get("prompt_lookup_ngram", int, 3),
-        quantization=get("quantization", str, "none"),
-        quant_group_size=get("quant_group_size", int, 32),
-        fp8_matmul=get("fp8_matmul", str, "auto"),
-        cpu_kernels=get("cpu_kernels", str, "auto"),
-        kv_cache_dtype=get("kv_cache_dtype", str, "auto"),
-        max_input_len=get("max_input_len", int),
-        max_seq_len=get("max_seq_len", int),
-        device=get("engine_device", str, "auto"),
-        dtype=get("engine_dtype", str, "auto"),
-        num_threads=get("num_threads", int, 0),
-    ), get("exclude_input_in_output", boolean, True)
+    values = {knob.param: knob.parse(p.get(knob.param)) for knob in KNOBS}
+    fields = {knob.field: values[knob.param] for knob in KNOBS if knob.field}
+    if values["speculative_decoding_mode"] not in SPECULATIVE_MODES:
+        fields["max_draft_len"] = 0
+    return EngineConfig(**fields), values["exclude_input_in_output"]

@@ -63,9 +63,9 @@ def test_int8_round_to_nearest_and_errors():
         Int4Weight(torch.randn(4, 80), 32)
     with pytest.raises(ValueError, match="quantization mode"):
         quantize(w, "int3")
-    with pytest.raises(ValueError, match="quantization must be one of"):
+    with pytest.raises(ValueError, match="quantization = 'int2'; allowed"):
         EngineConfig(quantization="int2")
-    with pytest.raises(ValueError, match="quant_group_size must be"):
+    with pytest.raises(ValueError, match="quant_group_size = 16; allowed: 32, 64, 128"):
         EngineConfig(quant_group_size=16)
 
 

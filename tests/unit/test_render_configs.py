@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -193,8 +194,10 @@ def test_render_refuses_a_broken_pipeline(deployment, monkeypatch):
 
 @pytest.mark.parametrize("key, value, word", [
     ("engine_device", "tpu", "allowed"),
-    ("max_num_tokens", 0, "positive"),
-    ("kv_cache_free_gpu_mem_fraction", 1.5, "(0, 1]"),
+    ("max_num_tokens", 0, "must be >= 1"),
+    ("kv_cache_free_gpu_mem_fraction", 1.5, "must be <= 1"),
+    ("engine_dtype", "float64", "allowed: auto, float32, bfloat16, float16"),
+    ("max_queue_size", "8", "must be int"),
 ])
 def test_deployment_values_are_validated(deployment, key, value, word):
     bad = copy.deepcopy(deployment)
@@ -250,3 +253,27 @@ def test_engine_stream_keys_reach_postprocessing_and_nvidia_wiring_omits_them(co
     assert check_pipeline(nvidia) == []
     steps = nvidia[C.ENSEMBLE].ensemble_scheduling.step
     assert "request_key" not in steps[1].output_map and "REQUEST_KEY" not in steps[2].input_map
+
+
+def test_the_knob_table_is_the_one_definition():
+    """docs/engine.md's table is knobs.markdown_table(); EngineConfig's defaults are the knobs'; parsing
+    the rendered config.pbtxt parameters gives the deployment.yaml values."""
+    import dataclasses
+
+    from tritonllm.engine import knobs
+    from tritonllm.engine.config import EngineConfig
+    from tritonllm.llm_io import engine_config_from_parameters
+
+    doc = (ROOT / "docs" / "engine.md").read_text()
+    assert doc.split("<!-- knobs:begin -->\n")[1].split("<!-- knobs:end -->")[0] == knobs.markdown_table()
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    assert all(defaults[k.field] == k.default for k in knobs.KNOBS if k.field)
+    yaml_params = yaml.safe_load((ROOT / "deployment.yaml").read_text())["models"]["tensorrt_llm"]["parameters"]
+    config, exclude = engine_config_from_parameters({k: rc.param_str(v) for k, v in yaml_params.items()
+                                                     if k in knobs.BY_PARAM})
+    for param, value in yaml_params.items():
+        knob = knobs.BY_PARAM.get(param)
+        if knob is not None and knob.field:
+            assert getattr(config, knob.field) == value, param
+    with pytest.raises(ValueError, match="engine_dtype"):
+        engine_config_from_parameters({"engine_dtype": "float64"})

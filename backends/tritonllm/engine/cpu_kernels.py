@@ -27,10 +27,11 @@ from typing import Callable
 import torch
 
 from .fp8 import linear as torch_linear
+from .knobs import BY_PARAM
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "native", "torch")
+MODES = BY_PARAM["cpu_kernels"].allowed  # auto | native | torch (engine/knobs.py)
 STALE_LOCK_S = 600  # a build takes ~60 s; a lock this old belongs to a killed build
 MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_kernels: 0.9x at M = 128)
 CSRC = Path(__file__).parent / "csrc"

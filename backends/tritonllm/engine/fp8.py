@@ -22,6 +22,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from .knobs import BY_PARAM
+
 log = logging.getLogger(__name__)
 
 FP8 = torch.float8_e4m3fn
@@ -80,8 +82,7 @@ _ONEDNN = _onednn_linear_available()
 
 def wants_scaled_mm(mode: str, device: torch.device) -> bool:
     """fp8_matmul `auto` -> scaled on CUDA devices with FP8 tensor cores (SM >= 8.9), else dequant."""
-    if mode not in ("auto", "scaled", "dequant"):
-        raise ValueError(f"fp8_matmul must be auto, scaled or dequant, got {mode!r}")
+    BY_PARAM["fp8_matmul"].check(mode)  # auto | scaled | dequant (engine/knobs.py)
     if mode != "auto":
         return mode == "scaled"
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
