@@ -28,9 +28,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "backends") not in sys.path:  # works without `pip install -e .` too
-    sys.path.insert(0, str(ROOT / "backends"))
-
 from tritonllm.serving.launcher import ServerStartError, TritonServer, find_free_ports  # noqa: E402
 
 READY_TIMEOUT_S = 300

@@ -9,7 +9,6 @@ max difference at build time is below 4e-7).
 from __future__ import annotations
 
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,7 +29,6 @@ TABULAR = ["tabular_rf", "tabular_hgb"]
 @pytest.fixture(scope="session")
 def classical_built():
     """Build (or confirm current) the ONNX models + reference data; listed before triton_server."""
-    sys.path.insert(0, str(ROOT / "build_scripts"))
     from build_classical import ensure_built
 
     ensure_built()

@@ -14,7 +14,6 @@ Why moderated_llm is a BLS and not an ensemble: docs/routing.md.
 from __future__ import annotations
 
 import re
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -23,12 +22,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_llm_pipeline import (GrpcStream, generate, generate_stream, grpc_text, http_post,  # noqa: E402
                                text_tensors)
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "build_scripts"))
 import render_configs as rc  # noqa: E402
 
 MAX_TOKENS = 16

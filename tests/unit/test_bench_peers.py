@@ -2,10 +2,7 @@
 targets met or missed, a disagreeing or unavailable peer), the JSON and plot files. No peer installed."""
 import json
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from peers import report  # noqa: E402
 

@@ -1,7 +1,5 @@
 """Configs rendered from an ONNX graph parse as Triton ModelConfig and carry the graph's tensors."""
 
-import sys
-from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
@@ -10,7 +8,6 @@ from skl2onnx.common.data_types import FloatTensorType
 from sklearn.linear_model import LogisticRegression
 from tritonclient.grpc import model_config_pb2 as pb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "build_scripts"))
 from classical_configs import cpu_config, gpu_config, render  # noqa: E402
 
 

@@ -20,8 +20,6 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "backends"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llmapi_standin as S  # noqa: E402
 from tritonllm.serving.generator import GeneratorBackend  # noqa: E402

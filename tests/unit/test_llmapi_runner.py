@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,8 +14,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "backends"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llmapi_standin as S  # noqa: E402
 from tritonllm.engine.request import InvalidRequest, QueueFull, SamplingParams  # noqa: E402

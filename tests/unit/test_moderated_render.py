@@ -1,7 +1,6 @@
 """render_configs: llm_router and moderated_llm (both served by backend llm_router) are rendered from deployment.yaml."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +8,6 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "build_scripts"))
 
 import render_configs as rc  # noqa: E402
 from tritonllm import contract as C  # noqa: E402

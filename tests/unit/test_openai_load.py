@@ -3,15 +3,12 @@ OpenAI-style completion chunks (the benchmark's own parsing; the real servers ar
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import openai_load  # noqa: E402
 
 

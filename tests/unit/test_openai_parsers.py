@@ -4,14 +4,9 @@ partial markers, malformed text staying content, and the guides that force calls
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 pytest.importorskip("fastapi")
 
 from clients.openai_server import reasoning as R  # noqa: E402

@@ -3,14 +3,9 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from benchmarks.perf_report import FIELDS, experiment_metrics, perf_analyzer_rows, write_summary  # noqa: E402
 

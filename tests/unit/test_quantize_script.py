@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "build_scripts"))
 import quantize  # noqa: E402
 
 from tritonllm.engine.loader import checkpoint_quantization, load_weights  # noqa: E402

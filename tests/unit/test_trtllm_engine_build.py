@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "build_scripts"))
 
 import build_trtllm_engine as b  # noqa: E402
 
@@ -181,7 +179,6 @@ def test_guided_engine_dir_must_hold_the_tokenizer_info(tmp_path):
 
 def test_gpu_check_reports_both_profiles_for_an_architecture():
     """benchmarks/gpu_check.py step 4 runs without TensorRT-LLM and without a GPU (capability given)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_check
 
     hopper, ampere = gpu_check.profiles_check((9, 0)), gpu_check.profiles_check((8, 0))

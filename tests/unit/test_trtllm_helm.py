@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/triton-llm"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helm_lite import Chart, Unsupported, to_jinja  # noqa: E402
 

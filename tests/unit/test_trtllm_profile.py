@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,6 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "build_scripts"))
-sys.path.insert(0, str(ROOT / "backends"))
 
 import render_configs as rc  # noqa: E402
 import serve_trtllm_mpi as mpi  # noqa: E402
