@@ -91,3 +91,28 @@ def test_usage_and_finish_reason_from_the_engine_counts():
     assert o.usage(TextTools(None), "ignored") == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     assert o.finish_reason(2) == "length" and o.finish_reason(3) == "stop"
     assert TextTools(None).tokens("abc", 2) == ["", ""]  # no tokenizer: token strings are not guessed
+
+
+def test_every_client_input_is_the_contracts():
+    """clients/triton_llm.py sends each option under a BLS input of the contract with the contract's
+    dtype, and asks only for outputs the contract declares (one table: contract.py)."""
+    import dataclasses
+
+    from tritonllm import contract as C
+    from clients.triton_llm import GenerationParams
+
+    full = GenerationParams(max_tokens=4, temperature=0.5, top_k=3, top_p=0.9, seed=1, repetition_penalty=1.1,
+                            presence_penalty=0.1, frequency_penalty=0.1, min_tokens=1, end_id=2, pad_id=0,
+                            return_log_probs=True, exclude_input_in_output=False, stop_words=["a"],
+                            bad_words=["b"], guided_decoding_guide_type="json", guided_decoding_guide="{}",
+                            lora_task_id=1, num_return_sequences=2, top_logprobs=2, priority=0.7,
+                            logit_bias={3: 1.0})
+    assert all(getattr(full, f.name) not in (None, [], {}) for f in dataclasses.fields(full))
+    inputs = C.by_name(C.BLS_INPUTS)
+    triton = {"TYPE_STRING": "BYTES"}
+    for name, (array, dtype) in full.arrays("hello", True).items():
+        t = inputs[name]
+        assert dtype == triton.get(t.dtype, t.dtype[len("TYPE_"):]), name
+        assert array.dtype == np.dtype(C.numpy_dtype(t.dtype)), name
+    outputs = C.by_name(C.BLS_OUTPUTS)
+    assert all(name in outputs for name in full.requested_outputs())
