@@ -8,94 +8,81 @@ from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.request import InvalidRequest, SamplingParams
 
-from engine_helpers import make_checkpoint, random_prompts, run_staggered
+from engine_helpers import random_prompts, run_staggered
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("llama"), "llama")
-
-
-@pytest.fixture()
-def engine(ckpt):
-    eng = LLMEngine(ckpt, EngineConfig(block_size=4, max_kv_tokens=2048, max_num_tokens=64))
-    initial = eng.num_free_blocks
-    yield eng
-    assert eng.num_free_blocks == initial, "KV blocks leaked"
-
-
-def _solo(engine, prompt, params):
-    results, reasons = run_staggered(engine, [prompt], lambda i: params)
+def _solo(small_engine, prompt, params):
+    results, reasons = run_staggered(small_engine, [prompt], lambda i: params)
     return results["0"], reasons["0"]
 
 
-def test_seeded_sampling_independent_of_batch(engine):
-    prompts = random_prompts(5, engine.spec.vocab_size, 4, 20, seed=3)
+def test_seeded_sampling_independent_of_batch(small_engine):
+    prompts = random_prompts(5, small_engine.spec.vocab_size, 4, 20, seed=3)
     sampled = SamplingParams(max_tokens=10, temperature=0.9, top_k=50, top_p=0.95, seed=1234, end_id=-1)
-    alone, _ = _solo(engine, prompts[0], sampled)
+    alone, _ = _solo(small_engine, prompts[0], sampled)
 
     def mixed(i):
         if i == 0:
             return sampled
         return SamplingParams(max_tokens=8 + i, temperature=1.3, top_k=0, top_p=0.8, seed=i, end_id=-1)
 
-    results, _ = run_staggered(engine, prompts, mixed, arrive_every=1)
+    results, _ = run_staggered(small_engine, prompts, mixed, arrive_every=1)
     assert results["0"] == alone
-    other, _ = _solo(engine, prompts[0], SamplingParams(max_tokens=10, temperature=0.9, top_k=50,
+    other, _ = _solo(small_engine, prompts[0], SamplingParams(max_tokens=10, temperature=0.9, top_k=50,
                                                         top_p=0.95, seed=99, end_id=-1))
     assert other != alone  # a different seed takes another path (10 tokens from a flat-ish distribution)
 
 
-def test_stop_word_ends_generation_and_stays_in_the_output(engine):
+def test_stop_word_ends_generation_and_stays_in_the_output(small_engine):
     prompt = [5, 6, 7, 8]
-    full, _ = _solo(engine, prompt, SamplingParams(max_tokens=12, end_id=-1))
+    full, _ = _solo(small_engine, prompt, SamplingParams(max_tokens=12, end_id=-1))
     word = full[3:5]
-    out, reason = _solo(engine, prompt, SamplingParams(max_tokens=12, end_id=-1, stop_words=[word]))
+    out, reason = _solo(small_engine, prompt, SamplingParams(max_tokens=12, end_id=-1, stop_words=[word]))
     assert reason == "stop"
     first = next(i for i in range(len(full) - 1) if full[i:i + 2] == word)
     assert out == full[:first + 2]  # TensorRT-LLM semantics: the text layer cuts stop strings exactly
 
 
-def test_end_id_and_min_tokens(engine):
+def test_end_id_and_min_tokens(small_engine):
     prompt = [9, 10, 11]
-    full, _ = _solo(engine, prompt, SamplingParams(max_tokens=10, end_id=-1))
+    full, _ = _solo(small_engine, prompt, SamplingParams(max_tokens=10, end_id=-1))
     eos = full[2]
-    out, reason = _solo(engine, prompt, SamplingParams(max_tokens=10, end_id=eos))
+    out, reason = _solo(small_engine, prompt, SamplingParams(max_tokens=10, end_id=eos))
     assert reason == "stop" and out == full[:full.index(eos)]
-    out, _ = _solo(engine, prompt, SamplingParams(max_tokens=10, end_id=eos, min_tokens=6))
+    out, _ = _solo(small_engine, prompt, SamplingParams(max_tokens=10, end_id=eos, min_tokens=6))
     assert len(out) >= 6 and eos not in out[:6]
 
 
-def test_bad_words_are_never_generated(engine):
+def test_bad_words_are_never_generated(small_engine):
     prompt = [12, 13, 14]
-    full, _ = _solo(engine, prompt, SamplingParams(max_tokens=8, end_id=-1))
-    out, _ = _solo(engine, prompt, SamplingParams(max_tokens=8, end_id=-1, bad_words=[[full[0]], [full[1]]]))
+    full, _ = _solo(small_engine, prompt, SamplingParams(max_tokens=8, end_id=-1))
+    out, _ = _solo(small_engine, prompt, SamplingParams(max_tokens=8, end_id=-1, bad_words=[[full[0]], [full[1]]]))
     assert full[0] not in out and full[1] not in out
 
 
-def test_penalties_change_output_and_logprobs_are_consistent(engine):
+def test_penalties_change_output_and_logprobs_are_consistent(small_engine):
     prompt = [20, 21, 22, 20, 21, 22]
-    base, _ = _solo(engine, prompt, SamplingParams(max_tokens=16, end_id=-1))
-    pen, _ = _solo(engine, prompt, SamplingParams(max_tokens=16, end_id=-1, repetition_penalty=5.0,
+    base, _ = _solo(small_engine, prompt, SamplingParams(max_tokens=16, end_id=-1))
+    pen, _ = _solo(small_engine, prompt, SamplingParams(max_tokens=16, end_id=-1, repetition_penalty=5.0,
                                                   presence_penalty=2.0, frequency_penalty=2.0))
     assert pen != base
     assert len(set(pen)) >= len(set(base))
-    engine.add_request("lp", prompt, SamplingParams(max_tokens=5, end_id=-1, return_log_probs=True))
+    small_engine.add_request("lp", prompt, SamplingParams(max_tokens=5, end_id=-1, return_log_probs=True))
     outs = []
-    while engine.has_work():
-        outs += engine.step()
+    while small_engine.has_work():
+        outs += small_engine.step()
     lps = [lp for o in outs for lp in o.new_logprobs]
     assert len(lps) == 5 and all(lp <= 0 for lp in lps)
     assert math.isclose(outs[-1].cum_logprob, sum(lps), rel_tol=1e-5)
 
 
-def test_abort_frees_blocks(engine):
-    engine.add_request("x", list(range(3, 40)), SamplingParams(max_tokens=50, end_id=-1))
-    engine.step()
-    assert engine.num_free_blocks < engine.pool.num_blocks
-    out = engine.abort("x")
+def test_abort_frees_blocks(small_engine):
+    small_engine.add_request("x", list(range(3, 40)), SamplingParams(max_tokens=50, end_id=-1))
+    small_engine.step()
+    assert small_engine.num_free_blocks < small_engine.pool.num_blocks
+    out = small_engine.abort("x")
     assert out.finished and out.finish_reason == "abort"
-    assert not engine.has_work()
+    assert not small_engine.has_work()
 
 
 @pytest.mark.parametrize("prompt,params,needle,tensor", [
@@ -110,29 +97,29 @@ def test_abort_frees_blocks(engine):
     ([1, 2], SamplingParams(stop_words=[[]]), "stop_words", "stop_words_list"),
     ([1, 2], SamplingParams(bad_words=[[10**6]]), "bad_words", "bad_words_list"),
 ])
-def test_invalid_requests_name_the_input(engine, prompt, params, needle, tensor):
+def test_invalid_requests_name_the_input(small_engine, prompt, params, needle, tensor):
     """The engine names its own fields; the tensor contract renames them to its inputs."""
     from tritonllm.llm_io import in_tensor_names
 
     with pytest.raises(InvalidRequest, match=needle) as e:
-        engine.add_request("bad", prompt, params)
+        small_engine.add_request("bad", prompt, params)
     assert tensor in in_tensor_names(str(e.value))
-    assert not engine.has_work()
+    assert not small_engine.has_work()
 
 
-def test_kv_bytes_per_token(engine):
-    s = engine.spec
-    assert engine.kv_bytes_per_token == 2 * s.num_layers * s.num_kv_heads * s.head_dim * 4
-    assert engine.kv.k[0].dtype == torch.float32
+def test_kv_bytes_per_token(small_engine):
+    s = small_engine.spec
+    assert small_engine.kv_bytes_per_token == 2 * s.num_layers * s.num_kv_heads * s.head_dim * 4
+    assert small_engine.kv.k[0].dtype == torch.float32
 
 
-def test_runner_queue_bound_and_shutdown(ckpt):
+def test_runner_queue_bound_and_shutdown(llama_ckpt):
     import threading
 
     from tritonllm.engine.request import QueueFull
     from tritonllm.engine.runner import EngineRunner
 
-    eng = LLMEngine(ckpt, EngineConfig(block_size=4, max_kv_tokens=2048, max_num_seqs=2, max_queue_size=2))
+    eng = LLMEngine(llama_ckpt, EngineConfig(block_size=4, max_kv_tokens=2048, max_num_seqs=2, max_queue_size=2))
     initial = eng.num_free_blocks
     done = threading.Event()
     finals = {}
