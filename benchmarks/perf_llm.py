@@ -12,9 +12,10 @@ token counts are exact and the two models are compared on the same work. Prompts
 ``--prompt-tokens`` tokens of a fixed text, tokenized with the served tokenizer (token ids for
 `tensorrt_llm`, their text for `ensemble`).
 
-Needs: perf_analyzer from the tritonclient wheel (it links libcudart and libb64 even on CPU:
-``apt-get install -y libb64-0d`` and ``pip install nvidia-cuda-runtime-cu12``; this script puts the wheel's
-lib dir on LD_LIBRARY_PATH). genai-perf lives in its own virtualenv (``--genai-venv``, made by
+Needs: perf_analyzer from the tritonclient wheel. It links libcudart and libb64 even on CPU: the CUDA
+runtime comes from the ``nvidia-cuda-runtime-cu12`` wheel (the ``bench`` extra), libb64 from the system or,
+when missing, from Debian's ``libb64-0d`` package downloaded and unpacked under build/perf/lib (no root
+needed); both go on LD_LIBRARY_PATH. genai-perf lives in its own virtualenv (``--genai-venv``, made by
 ``make perf``): its dependencies (pandas 3, numpy 2 by default) must not leak into the serving venv.
 """
 from __future__ import annotations
@@ -45,8 +46,39 @@ TEXT = ("The lighthouse keeper climbed the stairs every evening, counting the st
         "craft. ")
 
 
-def perf_analyzer_env() -> dict[str, str]:
-    """Environment in which perf_analyzer starts; raises SystemExit with the fix when it cannot."""
+def _missing_libs(exe: str, env: dict[str, str]) -> list[str]:
+    out = subprocess.run(["ldd", exe], env=env, capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if "not found" in line]
+
+
+def unpacked_debian_lib(package: str, dest: Path) -> Path:
+    """The library folder of Debian ``package`` unpacked (not installed) under ``dest``: ``apt-get
+    download`` + ``dpkg-deb -x``, which need no root once apt's package lists exist (``apt-get update``
+    is run when they do not and we are root). Cached: a second call reuses the folder."""
+    root = dest / package
+    found = sorted(root.glob("usr/lib/*/")) if root.is_dir() else []
+    if found:
+        return found[0]
+    debs = dest / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    def download() -> subprocess.CompletedProcess:
+        return subprocess.run(["apt-get", "download", package], cwd=debs, capture_output=True, text=True)
+    got = download()
+    if got.returncode != 0 and os.geteuid() == 0:
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True)
+        got = download()
+    archives = sorted(debs.glob(f"{package}_*.deb"))
+    if got.returncode != 0 or not archives:
+        raise SystemExit(f"cannot fetch Debian's {package} (apt-get download: {(got.stderr or got.stdout).strip()}); "
+                         f"install it: apt-get install -y {package}")
+    subprocess.run(["dpkg-deb", "-x", str(archives[-1]), str(root)], check=True)
+    return sorted(root.glob("usr/lib/*/"))[0]
+
+
+def perf_analyzer_env(lib_dir: Path = ROOT / "build" / "perf" / "lib") -> dict[str, str]:
+    """Environment in which perf_analyzer starts. It links libcudart (the CUDA runtime wheel, a `bench`
+    extra) and libb64 even on CPU: a missing libb64 is fetched from Debian and unpacked under ``lib_dir``,
+    so `make perf` needs no manual step. Raises SystemExit with the fix when it still cannot start."""
     exe = shutil.which("perf_analyzer", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                                os.environ.get("PATH", "")]))
     if exe is None:
@@ -55,11 +87,16 @@ def perf_analyzer_env() -> dict[str, str]:
     libs = [p for sp in sys.path for p in glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "lib"))]
     env["LD_LIBRARY_PATH"] = os.pathsep.join([*dict.fromkeys(libs), env.get("LD_LIBRARY_PATH", "")])
     env["PATH"] = os.pathsep.join([str(Path(exe).parent), env.get("PATH", "")])
-    missing = subprocess.run(["ldd", exe], env=env, capture_output=True, text=True).stdout
-    missing = [line.split()[0] for line in missing.splitlines() if "not found" in line]
+    if any(lib.startswith("libb64") for lib in _missing_libs(exe, env)):
+        b64 = unpacked_debian_lib("libb64-0d", lib_dir)
+        print(f"==> libb64 from Debian's libb64-0d, unpacked in {b64}", flush=True)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(b64), env["LD_LIBRARY_PATH"]])
+    missing = _missing_libs(exe, env)
     if missing:
-        raise SystemExit(f"perf_analyzer cannot start, missing {missing}: "
-                         "apt-get install -y libb64-0d; pip install nvidia-cuda-runtime-cu12")
+        fixes = {"libcudart": "pip install nvidia-cuda-runtime-cu12 (`make perf` installs it: the bench extra)",
+                 "libb64": "apt-get install -y libb64-0d"}
+        how = sorted({fix for lib in missing for prefix, fix in fixes.items() if lib.startswith(prefix)})
+        raise SystemExit(f"perf_analyzer cannot start, missing {missing}: {'; '.join(how) or 'see ldd'}")
     return env
 
 
@@ -99,14 +136,28 @@ def run_perf_analyzer(env, url: str, model: str, input_path: Path, concurrency: 
                # No -f: with it, perf_analyzer 2.49 leaves the profile export empty (seen).
                "--profile-export-file", str(export)]
         print(f"==> perf_analyzer {model} concurrency {c}", flush=True)
-        t0 = time.monotonic()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        (out_dir / f"pa_{model}_c{c}.log").write_text(proc.stdout + proc.stderr)
-        if proc.returncode != 0 or not export.is_file():
-            raise RuntimeError(f"perf_analyzer failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
         tokens = json.loads(input_path.read_text())["data"][0]
         max_tokens = (tokens.get("max_tokens") or tokens.get("request_output_len"))[0]
-        new = perf_analyzer_rows(export, model, max_tokens)
+        log = out_dir / f"pa_{model}_c{c}.log"
+        for attempt in (1, 2):  # perf_analyzer 2.49 sometimes leaves an empty export after a full run (seen)
+            export.unlink(missing_ok=True)
+            t0 = time.monotonic()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+            log.write_text(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                raise RuntimeError(f"perf_analyzer failed ({proc.returncode}), log {log}:\n"
+                                   f"{(proc.stdout + proc.stderr)[-3000:]}")
+            try:
+                new = perf_analyzer_rows(export, model, max_tokens)
+                if not new:
+                    raise ValueError("no experiments in it")
+                break
+            except (OSError, ValueError, KeyError, IndexError) as e:
+                print(f"    export {export} unreadable ({type(e).__name__}: {e}); "
+                      f"{'running again' if attempt == 1 else 'giving up'}", flush=True)
+        else:
+            raise SystemExit(f"perf_analyzer left no readable export {export} twice for {model} at concurrency {c}; "
+                             f"its log: {log}")
         for r in new:
             print(f"    {r['requests']} requests in {time.monotonic() - t0:.0f} s: "
                   f"{r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {r['ttft_p50_ms'] or 0:.1f} ms, "
