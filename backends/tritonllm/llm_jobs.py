@@ -93,6 +93,24 @@ class Row:
         return self.first_token - self.arrival, tpot
 
 
+def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """Outputs that queued up for the responder, with each request's deltas merged into one (tokens, log
+    probs and top log probs concatenated; the rest from its latest output), in the order requests first
+    appear. When sending falls behind generation, a stream then gets one response per send instead of one
+    per token: the client sees the same tokens, in fewer, larger deltas."""
+    merged: dict[str, RequestOutput] = {}
+    for out in outputs:
+        prev = merged.get(out.request_id)
+        if prev is None:
+            merged[out.request_id] = out
+            continue
+        merged[out.request_id] = dataclasses.replace(
+            out, new_token_ids=prev.new_token_ids + out.new_token_ids,
+            new_logprobs=prev.new_logprobs + out.new_logprobs,
+            new_top_logprobs=prev.new_top_logprobs + out.new_top_logprobs)
+    return list(merged.values())
+
+
 def sequence_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     """The engine params of each of ``n`` sequences of one prompt (num_return_sequences). As TensorRT-LLM
     seeds child requests (``llmRequest.cpp``, createChildRequest): sequence i samples with seed + i; an

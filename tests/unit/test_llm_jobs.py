@@ -121,3 +121,19 @@ def test_engine_options_and_the_triton_timeout_reach_the_params():
                             "request_output_len": np.array([[4]], np.int32),
                             "embedding_bias": np.zeros((1, 0), np.float32)}, True).rows
     assert row.params.embedding_bias is None and row.params.allotted_time_ms is None  # [1, 0]: no bias words
+
+
+def test_queued_outputs_coalesce_per_request():
+    from tritonllm.llm_jobs import coalesce
+
+    a1 = RequestOutput("a", [1], [-0.1], False, num_output_tokens=1, new_top_logprobs=[[(1, -0.1)]])
+    b1 = RequestOutput("b", [7], [-0.7], False, num_output_tokens=1)
+    a2 = RequestOutput("a", [2, 3], [-0.2, -0.3], True, "stop", num_output_tokens=3,
+                       new_top_logprobs=[[(2, -0.2)], [(3, -0.3)]])
+    merged = coalesce([a1, b1, a2])
+    assert [o.request_id for o in merged] == ["a", "b"]
+    a = merged[0]
+    assert (a.new_token_ids, a.new_logprobs, a.finished, a.finish_reason, a.num_output_tokens) == (
+        [1, 2, 3], [-0.1, -0.2, -0.3], True, "stop", 3)
+    assert a.new_top_logprobs == [[(1, -0.1)], [(2, -0.2)], [(3, -0.3)]] and merged[1] is b1
+    assert coalesce([]) == []

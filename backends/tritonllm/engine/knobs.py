@@ -115,6 +115,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("kv_cache_dtype", "kv_cache_dtype", str, "auto", "KV cache: compute dtype, fp8 or int8",
          allowed=("auto", "fp8", "int8")),
     Knob("exclude_input_in_output", None, bool, True, "default of the request input of the same name"),
+    Knob("stream_coalescing", None, bool, False,
+         "streamed deltas that queue while sending lags merge into one response (fewer, larger deltas)"),
 )
 BY_PARAM: dict[str, Knob] = {k.param: k for k in KNOBS}
 BY_FIELD: dict[str, Knob] = {k.field: k for k in KNOBS if k.field}

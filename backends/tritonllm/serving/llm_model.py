@@ -26,10 +26,11 @@ import threading
 import time
 
 from ..engine.request import InvalidRequest, QueueFull
+from ..engine.knobs import BY_PARAM as KNOBS_BY_PARAM
 from ..error_names import with_client_names
 from ..llm_io import (INPUT_NAMES, SEQUENCES_NEED_DECOUPLED, STREAMING_NEEDS_DECOUPLED, in_tensor_names,
                       parse_request, wants_ensemble_names)
-from ..llm_jobs import CANCELLED, Jobs
+from ..llm_jobs import CANCELLED, Jobs, coalesce
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
 from ..paths import model_parameters
 from .generator import BackendBuilder, GeneratorBackend
@@ -87,6 +88,7 @@ class LLMTritonModel:
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.backend: GeneratorBackend = type(self).build_backend(args, params, self.outbox.put)
         self.default_exclude_input = self.backend.default_exclude_input
+        self.coalescing = KNOBS_BY_PARAM["stream_coalescing"].parse(params.get("stream_coalescing"))
         self.cancel_period = float(params.get("cancellation_check_period_ms", "50") or 50) / 1000.0
         self.stats_period = float(params.get("stats_check_period_ms", "100") or 100) / 1000.0
         self.jobs = Jobs()
@@ -145,18 +147,31 @@ class LLMTritonModel:
             self.backend.abort(rid)
 
     def _respond(self):
-        while (out := self.outbox.get()) is not None:
-            try:
-                replies, abort, finished = self.jobs.on_output(out)
-                for rid in abort:
-                    self.backend.abort(rid)
-                if finished is not None:
-                    self.metrics.observe_request(finished.ttft, finished.tpot)
-                    self.nvidia.observe(finished.prompt_tokens, finished.output_tokens)
-                for reply in replies:
-                    self._send(reply)
-            except Exception as e:  # one failed send must not stop the others' responses
-                self.pb_utils.Logger.log_error(f"tensorrt_llm: response for {out.request_id} failed: {e}")
+        while True:
+            batch = [self.outbox.get()]
+            while self.coalescing:  # what queued while the last ones were sent goes out merged (stream_coalescing)
+                try:
+                    batch.append(self.outbox.get_nowait())
+                except queue.Empty:
+                    break
+            outputs = [o for o in batch if o is not None]
+            for out in coalesce(outputs) if self.coalescing else outputs:
+                self._respond_one(out)
+            if batch[-1] is None:  # the backend's last output came before the sentinel
+                return
+
+    def _respond_one(self, out):
+        try:
+            replies, abort, finished = self.jobs.on_output(out)
+            for rid in abort:
+                self.backend.abort(rid)
+            if finished is not None:
+                self.metrics.observe_request(finished.ttft, finished.tpot)
+                self.nvidia.observe(finished.prompt_tokens, finished.output_tokens)
+            for reply in replies:
+                self._send(reply)
+        except Exception as e:  # one failed send must not stop the others' responses
+            self.pb_utils.Logger.log_error(f"tensorrt_llm: response for {out.request_id} failed: {e}")
 
     def _send(self, reply):
         pb = self.pb_utils
