@@ -19,6 +19,7 @@ def make_checkpoint(path, arch: str = "llama", seed: int = 0, **overrides) -> st
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
         "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
+        "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM),
     }[arch]
     kw = dict(TINY)
     if arch == "llama3":
@@ -31,6 +32,8 @@ def make_checkpoint(path, arch: str = "llama", seed: int = 0, **overrides) -> st
         kw["tie_word_embeddings"] = True
     if arch == "phi3":  # Phi3Config's defaults are Phi-3-mini's ids (pad 32000): outside the tiny vocabulary
         kw.update(pad_token_id=0, bos_token_id=1)
+    if arch == "gemma":  # GemmaConfig's default head_dim is 256
+        kw.update(head_dim=16, pad_token_id=0, bos_token_id=1)
     kw.update(overrides)
     torch.manual_seed(seed)
     cfg = cfg_cls(**kw)
@@ -40,6 +43,8 @@ def make_checkpoint(path, arch: str = "llama", seed: int = 0, **overrides) -> st
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.15)
+            elif arch == "gemma":  # its norm weights are offsets from 1 (zeros at init): make them matter
+                p.normal_(0, 0.3)
     model.save_pretrained(str(path), safe_serialization=True)
     return str(path)
 

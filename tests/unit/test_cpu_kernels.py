@@ -116,7 +116,8 @@ def test_decode_attention_matches_sdpa_over_key_ranges_with_gqa():
 
 @needs_kernel
 @pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {}), ("qwen3", {}),
-                                            ("mistral", {"sliding_window": 8}), ("phi3", {"sliding_window": 8})])
+                                            ("mistral", {"sliding_window": 8}), ("phi3", {"sliding_window": 8}),
+                                            ("gemma", {})])
 def test_native_and_torch_paths_both_equal_hf_greedy(tmp_path, arch, overrides):
     """Sliding window 8 < prompt lengths, so windowed decode ranges are exercised (Mistral, Phi-3)."""
     ckpt = make_checkpoint(tmp_path, arch, **overrides)

@@ -8,7 +8,7 @@ from tritonllm.engine.request import SamplingParams
 
 from engine_helpers import hf_greedy, make_checkpoint, random_prompts, run_staggered
 
-ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "phi3"]
+ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -53,3 +53,7 @@ def test_an_architecture_feature_the_engine_lacks_is_refused(tmp_path):
     with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.75"):
         load_spec(ckpt)
     assert load_spec(make_checkpoint(tmp_path / "ok", "phi3")).arch.qkv == ("qkv_proj",)
+    with pytest.raises(UnsupportedModelError, match="hidden_act 'relu'"):  # was served as SiLU, silently
+        load_spec(make_checkpoint(tmp_path / "relu", "llama", hidden_act="relu"))
+    gemma = load_spec(make_checkpoint(tmp_path / "gemma", "gemma"))
+    assert (gemma.activation, gemma.norm_offset, gemma.embed_scale) == ("gelu_tanh", 1.0, 48 ** 0.5)

@@ -38,6 +38,9 @@ class ModelSpec:
     torch_dtype: str
     eos_token_ids: tuple[int, ...]
     hf_config: Any  # the transformers PretrainedConfig, for rope initialisation
+    activation: str = "silu"          # the gated MLP's: silu | gelu_tanh | gelu
+    embed_scale: float | None = None  # embeddings are multiplied by it (Gemma: sqrt(hidden_size))
+    norm_offset: float = 0.0          # RMSNorm weights are stored less this (Gemma: 1)
 
     @property
     def arch(self) -> Architecture:
@@ -96,6 +99,9 @@ def load_spec(model_dir: str) -> ModelSpec:
         torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         eos_token_ids=eos_ids,
         hf_config=cfg,
+        activation=arch.activation(cfg),
+        embed_scale=cfg.hidden_size ** 0.5 if arch.embed_scale else None,
+        norm_offset=arch.norm_offset,
     )
 
 

@@ -1,5 +1,5 @@
 """The Llama-family transformer over a paged KV cache: every architecture of ``models.ARCHITECTURES``
-(Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3), each read through its ``Architecture``.
+(Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3, Gemma), each read through its ``Architecture``.
 
 Numerics follow transformers' reference code (RMSNorm in fp32, rotate-half RoPE with HF's inverse
 frequencies, SDPA attention) so that greedy decoding in fp32 matches HF token for token. On fp32 CPU the
@@ -96,8 +96,12 @@ class Transformer:
         self.kv_scale = 1.0
         self.device = device
         self.dtype = dtype
+        if spec.norm_offset:  # folded once, in fp32 as transformers adds it (Gemma: x * (1 + w))
+            weights = {k: v.float() + spec.norm_offset if k.endswith("norm.weight") else v for k, v in weights.items()}
         w = {k: v.to(device=device, dtype=dtype).contiguous() if isinstance(v, torch.Tensor) else v.to(device)
              for k, v in weights.items()}
+        self.embed_scale = (torch.tensor(spec.embed_scale, dtype=dtype, device=device)
+                            if spec.embed_scale is not None else None)
         self.native = native_kernels.select(cpu_kernels, device, dtype)
         self.linear = native_kernels.make_linear(self.native)
         self.embed = w["model.embed_tokens.weight"]
@@ -140,6 +144,8 @@ class Transformer:
         """Runs the new tokens, writes their K/V into the cache, returns fp32 logits of `logits_rows`."""
         spec, linear = self.spec, self.linear
         h = F.embedding(input_ids, self.embed)
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
         cos2, sin2 = self.rope(positions)
         cos, sin = cos2[:, None, :], sin2[:, None, :]
         T = input_ids.shape[0]
@@ -164,7 +170,7 @@ class Transformer:
             gu = linear(x, layer.gate_up, layer.gate_up_b)
             if meta.lora:
                 LoraSet.apply(gu, x, meta.lora, li, "gate_up")
-            act = self._silu_mul(gu)
+            act = self._act_mul(gu)
             down = linear(act, layer.down, layer.down_b)
             if meta.lora:
                 LoraSet.apply(down, act, meta.lora, li, "down")
@@ -185,11 +191,15 @@ class Transformer:
         h.add_(delta)
         return rms_norm(h, w, self.spec.rms_norm_eps)
 
-    def _silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
-        if self.native is not None:
+    def _act_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of the fused gate_up rows; the native kernel computes SiLU only."""
+        act = self.spec.activation
+        if self.native is not None and act == "silu":
             return self.native.silu_mul(gu)
         inter = gu.shape[-1] // 2
-        return F.silu(gu[:, :inter]) * gu[:, inter:]
+        gate = gu[:, :inter]
+        a = F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh" if act == "gelu_tanh" else "none")
+        return a * gu[:, inter:]
 
     def _split_heads(self, qkv: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v head views of the fused projection; q and k normalised per head where the model says."""

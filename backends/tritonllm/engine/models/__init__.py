@@ -5,12 +5,13 @@ in ``ARCHITECTURES`` and the architecture in ``tests/unit/engine_helpers.make_ch
 ``test_engine_parity.ARCHS`` (greedy output equal to transformers' token for token).
 """
 from .base import Architecture
+from .gemma import GEMMA
 from .llama import LLAMA
 from .mistral import MISTRAL
 from .phi3 import PHI3
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
 
-ARCHITECTURES: dict[str, Architecture] = {a.hf_name: a for a in (LLAMA, MISTRAL, QWEN2, QWEN3, PHI3)}
+ARCHITECTURES: dict[str, Architecture] = {a.hf_name: a for a in (LLAMA, MISTRAL, QWEN2, QWEN3, PHI3, GEMMA)}
 
 __all__ = ["ARCHITECTURES", "Architecture"]

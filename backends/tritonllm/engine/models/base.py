@@ -22,6 +22,10 @@ class Architecture:
     attention_bias: bool | None = None              # q/k/v biases; None: the config's attention_bias
     qk_norm: bool = False                           # per-head RMSNorm of q and k before RoPE (Qwen3)
     sliding_window_switch: str | None = None        # config flag that must be true for sliding_window
+    norm_offset: float = 0.0                        # RMSNorm scales by (offset + weight) (Gemma: 1)
+    embed_scale: bool = False                       # embeddings times sqrt(hidden_size) (Gemma)
+    # config.hidden_act values served -> the engine's name for the gated MLP's activation
+    activations: tuple[tuple[str, str], ...] = (("silu", "silu"),)
 
     def lora_targets(self) -> dict[str, tuple[str, ...]]:
         """Fused projection -> the PEFT target module names whose deltas it takes, in row order."""
@@ -36,6 +40,14 @@ class Architecture:
             return None
         return window
 
+    def activation(self, cfg: Any) -> str | None:
+        """The MLP's activation ("silu", "gelu_tanh", "gelu") for this config, None when not served."""
+        act = getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or self.activations[0][0]
+        return dict(self.activations).get(act)
+
     def check(self, cfg: Any) -> str | None:
         """Why the engine cannot serve this config (a feature of the family it lacks), or None."""
+        if self.activation(cfg) is None:
+            return (f"hidden_act {getattr(cfg, 'hidden_act', None)!r} is not supported for {self.hf_name} "
+                    f"(served: {', '.join(a for a, _ in self.activations)})")
         return None

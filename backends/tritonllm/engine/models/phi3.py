@@ -12,7 +12,7 @@ class _Phi3(Architecture):
         factor = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
         if factor not in (None, 1.0):
             return f"partial_rotary_factor {factor} (rotary embedding on part of each head) is not supported"
-        return None
+        return super().check(cfg)
 
 
 PHI3 = _Phi3("Phi3ForCausalLM", "phi3", qkv=("qkv_proj",), gate_up=("gate_up_proj",))
