@@ -20,6 +20,7 @@ def test_options_map_onto_the_engine_and_neutral_values_pass():
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.1, 0.2, 1.1)
     assert p.end_id == -1 and p.stop_words == [[2], [9]] and p.return_log_probs
     assert not request_params({"token_ids": [1]}).return_log_probs
+    assert request_params({"token_ids": [1], "output_options": {"logprobs": 5}}).top_logprobs == 5
 
 
 @pytest.mark.parametrize("request_, name", [
@@ -27,7 +28,8 @@ def test_options_map_onto_the_engine_and_neutral_values_pass():
     ({"sampling_options": {"use_beam_search": True}}, "use_beam_search"),
     ({"sampling_options": {"min_p": 0.1}}, "min_p"),
     ({"stop_conditions": {"max_thinking_tokens": 5}}, "max_thinking_tokens"),
-    ({"output_options": {"logprobs": 5}}, "top_logprobs"),
+    ({"output_options": {"prompt_logprobs": 2}}, "prompt_logprobs"),
+    ({"output_options": {"logprobs": 21}}, "top_logprobs"),  # the engine's bound
 ])
 def test_options_the_engine_lacks_are_refused_by_name(request_, name):
     with pytest.raises(InvalidRequest, match=name):

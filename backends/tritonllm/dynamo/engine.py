@@ -44,6 +44,13 @@ UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "use_beam_search": (None, F
                "length_penalty": (None, 1.0), "guided_decoding": (None,), "max_thinking_tokens": (None,)}
 
 
+def top_logprobs_wire(tops: list[list[tuple[int, float]]]) -> list[list[dict]]:
+    """Dynamo's wire form of the alternatives (``dynamo.common.backend.logprobs``: per token a list of
+    {rank, token_id, token, logprob}); token text is left to the frontend, which holds the tokenizer."""
+    return [[{"rank": r + 1, "token_id": t, "token": None, "logprob": lp} for r, (t, lp) in enumerate(alts)]
+            for alts in tops]
+
+
 def request_params(request: dict) -> SamplingParams:
     """Dynamo's request options -> our SamplingParams (InvalidRequest naming a refused option)."""
     so = request.get("sampling_options") or {}
@@ -53,8 +60,8 @@ def request_params(request: dict) -> SamplingParams:
         for name, neutral in UNSUPPORTED.items():
             if name in group and group[name] not in neutral:
                 raise InvalidRequest(f"{name}={group[name]!r} is not supported by this engine")
-    if oo.get("logprobs") not in (None, 0) or oo.get("prompt_logprobs") not in (None, 0, False):
-        raise InvalidRequest("top_logprobs / prompt_logprobs are not supported (log probs of the chosen tokens are)")
+    if oo.get("prompt_logprobs") not in (None, 0, False):
+        raise InvalidRequest("prompt_logprobs are not supported (log probs of the generated tokens are)")
     p = SamplingParams(max_tokens=int(sc.get("max_tokens") or 16))
 
     def take(src: dict, key: str, attr: str, conv) -> None:
@@ -74,6 +81,8 @@ def request_params(request: dict) -> SamplingParams:
     # EOS ids arrive here too; other hidden stop ids become one-token stop words.
     p.stop_words = [[int(t)] for t in sc.get("stop_token_ids_hidden") or []]
     p.return_log_probs = oo.get("logprobs") is not None
+    p.top_logprobs = int(oo.get("logprobs") or 0)  # Dynamo's count of alternatives (OpenAI's top_logprobs)
+    p.verify()  # refused here, naming the field, before the request reaches the engine thread
     return p
 
 
@@ -177,6 +186,8 @@ class TritonLLMDynamoEngine:
                 chunk: dict[str, Any] = {"token_ids": list(out.new_token_ids), "index": 0}
                 if params.return_log_probs:
                     chunk["log_probs"] = [float(x) for x in out.new_logprobs]
+                if params.top_logprobs:
+                    chunk["top_logprobs"] = top_logprobs_wire(out.new_top_logprobs)
                 if out.finished:
                     chunk["finish_reason"] = FINISH.get(out.finish_reason or "stop", "stop")
                     chunk["completion_usage"] = {
