@@ -60,3 +60,20 @@ def demo_tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)
+
+
+# Fixtures of a module served by one default OpenAI server (test modules import them by name).
+@pytest.fixture(scope="module")
+def openai_url(triton_server):
+    for url, _ in openai_server(triton_server):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(openai_url):
+    return sdk_client(openai_url)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return demo_tokenizer()

@@ -10,26 +10,13 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from openai_helpers import demo_tokenizer, openai_server, sdk_client  # noqa: E402
+from openai_helpers import client, openai_url, tokenizer  # noqa: E402,F401  (fixtures)
 from robustness_helpers import wait_idle  # noqa: E402
 
 ASK = [{"role": "user", "content": "Tell me a story about a dragon."}]
 
 
-@pytest.fixture(scope="module")
-def url(triton_server):
-    for url, _ in openai_server(triton_server):
-        yield url
 
-
-@pytest.fixture(scope="module")
-def client(url):
-    return sdk_client(url)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return demo_tokenizer()
 
 
 def _stream_by_choice(stream) -> dict[int, str]:
@@ -89,11 +76,11 @@ def test_logit_bias_forces_and_bans_tokens(client, tokenizer):
         client.completions.create(model="ensemble", prompt="x", max_tokens=2, logit_bias={"5": 1})
 
 
-def test_a_high_priority_request_overtakes_the_queue(url, triton_server):
+def test_a_high_priority_request_overtakes_the_queue(openai_url, triton_server):
     """16 long requests fill every engine slot (max_num_sequences 16), 20 low-priority ones queue, then one
     high-priority request arrives: it is admitted with the first freed slots, ahead of lows that queued
     before it. First-come-first-served would admit 16 lows first, and the high one with the last four."""
-    aclient = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    aclient = openai.AsyncOpenAI(base_url=f"{openai_url}/v1", api_key="unused", max_retries=0, timeout=300)
     first_token: dict[str, float] = {}
     ended: dict[str, float] = {}
 

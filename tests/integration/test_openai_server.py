@@ -20,27 +20,14 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from openai_helpers import demo_tokenizer, openai_server, sdk_client  # noqa: E402
+from openai_helpers import client, openai_server, openai_url, tokenizer  # noqa: E402,F401  (fixtures)
 from tritonllm.serving.launcher import find_free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Once upon a time"
 
 
-@pytest.fixture(scope="module")
-def openai_url(triton_server):
-    for url, _ in openai_server(triton_server):
-        yield url
 
-
-@pytest.fixture(scope="module")
-def client(openai_url):
-    return sdk_client(openai_url)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return demo_tokenizer()
 
 
 @pytest.fixture(scope="module")

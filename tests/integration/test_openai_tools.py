@@ -15,7 +15,7 @@ import pytest
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from openai_helpers import demo_tokenizer, openai_server, sdk_client  # noqa: E402
+from openai_helpers import openai_server, sdk_client, tokenizer  # noqa: E402,F401  (tokenizer: a fixture)
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
                                             "metric": {"type": "boolean"}},
@@ -34,11 +34,6 @@ def client(triton_server):
     for url, _ in openai_server(triton_server, args=("--tool-call-parser", "hermes",
                                                      "--reasoning-parser", "deepseek_r1")):
         yield sdk_client(url)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return demo_tokenizer()
 
 
 def _streamed(stream):
