@@ -67,8 +67,11 @@ _FIELD_WORD = re.compile(r"\b(" + "|".join(TENSOR_OF_FIELD) + r")\b")
 
 def in_tensor_names(message: str) -> str:
     """An engine error in the tensorrt_llm contract's input names ("max_tokens must be >= 1" ->
-    "request_output_len must be >= 1"); messages already in those names are unchanged."""
-    return _FIELD_WORD.sub(lambda m: TENSOR_OF_FIELD[m.group(1)], message)
+    "request_output_len must be >= 1"); messages already in those names are unchanged. Only the engine's
+    own words are renamed: what follows the first ": " may quote the client (a schema that does not
+    compile), and stays as the client wrote it."""
+    head, sep, tail = message.partition(": ")
+    return _FIELD_WORD.sub(lambda m: TENSOR_OF_FIELD[m.group(1)], head) + sep + tail
 
 
 # Declared inputs that do not change what is generated here, as in NVIDIA's backend for a decoder-only

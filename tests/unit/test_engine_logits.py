@@ -149,6 +149,8 @@ def test_bias_is_stored_once_on_the_device_padded_to_the_vocabulary(small_engine
     (SamplingParams(embedding_bias=torch.tensor([0.0, float("nan")])), "embedding_bias holds NaN"),
     (SamplingParams(embedding_bias=torch.tensor([float("inf")])), "embedding_bias holds NaN or \\+inf"),
     (SamplingParams(embedding_bias=torch.zeros(2, 3)), "embedding_bias must be a non-empty 1-D"),
+    (SamplingParams(embedding_bias=torch.full((V,), float("-inf"))), "bans every token"),
+    (SamplingParams(embedding_bias=torch.tensor([0.0, 3e38])), "within"),  # overflows once added
     (SamplingParams(embedding_bias=torch.zeros(0)), "embedding_bias must be a non-empty 1-D"),
     (SamplingParams(embedding_bias=torch.zeros(3, dtype=torch.int32)), "floating-point"),
     (SamplingParams(top_logprobs=21), "top_logprobs must be in \\[0, 20\\]"),

@@ -192,3 +192,14 @@ def test_no_declared_input_is_dropped_silently(tensor):
         return
     changed = _fields(batch.rows[0]) != base
     assert changed != (tensor.name in IGNORED_INPUTS), f"{tensor.name}: changed={changed}"
+
+
+def test_engine_field_names_become_tensor_names_but_quoted_client_text_stays():
+    from tritonllm.llm_io import in_tensor_names
+
+    assert in_tensor_names("max_tokens must be >= 1, got 0") == "request_output_len must be >= 1, got 0"
+    assert in_tensor_names("prompt_ids length 3 + max_tokens 9 exceeds max_seq_len 8") == \
+        "input_ids length 3 + request_output_len 9 exceeds max_seq_len 8"
+    schema_error = 'guided_decoding_guide does not compile as json_schema: unknown key "max_tokens" in guide'
+    assert in_tensor_names(schema_error) == schema_error
+    assert in_tensor_names("runtime_top_p must be in [0, 1]") == "runtime_top_p must be in [0, 1]"

@@ -96,6 +96,9 @@ class LLMEngine:
         if params.embedding_bias is not None and params.embedding_bias.numel() > V:
             raise InvalidRequest(f"embedding_bias has {params.embedding_bias.numel()} entries, "
                                  f"more than the vocabulary ({V})")
+        if (params.embedding_bias is not None and params.embedding_bias.numel() == V
+                and bool(torch.isneginf(params.embedding_bias).all())):  # nothing left to sample: NaN
+            raise InvalidRequest("embedding_bias bans every token (-inf everywhere)")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_seq_len:
             raise InvalidRequest(f"prompt_ids length {len(prompt_ids)} + max_tokens {params.max_tokens} "
@@ -155,6 +158,7 @@ class LLMEngine:
 
     def _final(self, req: Request, reason: str) -> RequestOutput:
         """The last output of a request ended from outside (abort, timeout): every token was already sent."""
+        req.finish_reason = reason
         return RequestOutput(req.request_id, [], [], True, reason, req.num_prompt, req.num_emitted,
                              req.cum_logprob, metrics=dataclasses.replace(req.metrics))
 
@@ -189,7 +193,6 @@ class LLMEngine:
         outputs = []
         for req in self.scheduler.expired():  # TensorRT-LLM's TIMED_OUT, waiting or running
             self._drop(req)
-            req.finish_reason = "timeout"
             outputs.append(self._final(req, "timeout"))
         if self.config.max_draft_len:
             self._propose_drafts()

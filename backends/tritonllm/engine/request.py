@@ -10,6 +10,7 @@ import torch
 
 
 MAX_TOP_LOGPROBS = 20
+MAX_BIAS = 1e6  # |embedding_bias| bound: biased, temperature-scaled logits must stay finite
 
 
 from ..errors import InvalidInput as InvalidRequest  # noqa: E402  (the engine's name for bad input)
@@ -84,8 +85,11 @@ class SamplingParams:
         if b is not None:
             if not isinstance(b, torch.Tensor) or b.dim() != 1 or b.numel() < 1 or not b.is_floating_point():
                 raise InvalidRequest("embedding_bias must be a non-empty 1-D floating-point tensor")
-            if bool(torch.isnan(b).any()) or bool(torch.isposinf(b).any()):
+            finite = torch.isfinite(b)
+            if not bool((finite | torch.isneginf(b)).all()):
                 raise InvalidRequest("embedding_bias holds NaN or +inf (-inf is allowed: it bans a token)")
+            if bool((b[finite].abs() > MAX_BIAS).any()):  # beyond it logits overflow to inf / NaN
+                raise InvalidRequest(f"embedding_bias values must be within +-{MAX_BIAS:g} (or -inf)")
 
     @property
     def greedy(self) -> bool:

@@ -91,17 +91,6 @@ class Scheduler:
         req.status = Status.WAITING
         self.waiting.appendleft(req)
 
-    @staticmethod
-    def _pick_victim(queue: list[Request], req: Request) -> Request | None:
-        """Pops from ``queue`` (running requests not yet served, in serving order: oldest first within a
-        priority) the lowest priority, then the newest; None when ``req`` itself must go (its priority is
-        strictly the lowest, or nothing is left)."""
-        if not queue:
-            return None
-        i = min(range(len(queue)), key=lambda j: (queue[j].params.priority, -j))
-        if req.params.priority < queue[i].params.priority:
-            return None
-        return queue.pop(i)
 
     @staticmethod
     def _uniform(reqs) -> bool:
@@ -152,7 +141,8 @@ class Scheduler:
             if req.draft:  # a draft rides on a decode: trim it to the budget
                 req.draft = req.draft[:n - 1]
             while not self._grow(req, req.num_computed + n):
-                victim = self._pick_victim(queue, req)
+                # `queue` is in serving order (priority, then age): its last is the lowest priority, newest
+                victim = queue.pop() if queue else None
                 if victim is None:
                     break
                 self._preempt(victim)

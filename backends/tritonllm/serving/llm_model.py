@@ -157,7 +157,7 @@ class LLMTritonModel:
             outputs = [o for o in batch if o is not None]
             for out in coalesce(outputs) if self.coalescing else outputs:
                 self._respond_one(out)
-            if batch[-1] is None:  # the backend's last output came before the sentinel
+            if None in batch:  # the sentinel follows the backend's last output
                 return
 
     def _respond_one(self, out):

@@ -16,7 +16,6 @@ from typing import Any
 @dataclass(frozen=True)
 class Architecture:
     hf_name: str                                    # config.json "architectures" entry
-    kind: str                                       # transformers model_type
     qkv: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")  # self_attn.<part>.weight, fused in this order
     gate_up: tuple[str, ...] = ("gate_proj", "up_proj")    # mlp.<part>.weight, fused in this order
     attention_bias: bool | None = None              # q/k/v biases; None: the config's attention_bias
@@ -42,12 +41,14 @@ class Architecture:
 
     def activation(self, cfg: Any) -> str | None:
         """The MLP's activation ("silu", "gelu_tanh", "gelu") for this config, None when not served."""
-        act = getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or self.activations[0][0]
-        return dict(self.activations).get(act)
+        return dict(self.activations).get(self._hidden_act(cfg))
+
+    def _hidden_act(self, cfg: Any) -> str:
+        return getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or self.activations[0][0]
 
     def check(self, cfg: Any) -> str | None:
         """Why the engine cannot serve this config (a feature of the family it lacks), or None."""
         if self.activation(cfg) is None:
-            return (f"hidden_act {getattr(cfg, 'hidden_act', None)!r} is not supported for {self.hf_name} "
+            return (f"hidden_act {self._hidden_act(cfg)!r} is not supported for {self.hf_name} "
                     f"(served: {', '.join(a for a, _ in self.activations)})")
         return None

@@ -4,5 +4,5 @@ exact ``gelu``), embeddings tied to the LM head. Gemma 2 / 3 (logit soft-capping
 sliding windows) are other architectures, not served yet."""
 from .base import Architecture
 
-GEMMA = Architecture("GemmaForCausalLM", "gemma", norm_offset=1.0, embed_scale=True,
+GEMMA = Architecture("GemmaForCausalLM", norm_offset=1.0, embed_scale=True,
                      activations=(("gelu_pytorch_tanh", "gelu_tanh"), ("gelu", "gelu")))

@@ -15,4 +15,4 @@ class _Phi3(Architecture):
         return super().check(cfg)
 
 
-PHI3 = _Phi3("Phi3ForCausalLM", "phi3", qkv=("qkv_proj",), gate_up=("gate_up_proj",))
+PHI3 = _Phi3("Phi3ForCausalLM", qkv=("qkv_proj",), gate_up=("gate_up_proj",))
