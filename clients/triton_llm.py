@@ -40,7 +40,7 @@ except ImportError:  # run from a checkout without `pip install -e .`: the libra
 TEXT_MODELS = ("ensemble", "tensorrt_llm_bls")
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 _LOGPROB_OUTPUTS = ("output_log_probs", "cum_log_probs")
-_TOP_OUTPUTS = ("top_log_probs", "top_log_prob_ids")
+_TOP_OUTPUTS = tuple(t.name for t in C.TOP_LOGPROB_OUTPUTS)
 
 # name -> (numpy dtype, Triton dtype) of every optional scalar the text models accept, from the contract.
 _TRITON_DTYPE = {"TYPE_STRING": "BYTES"}

@@ -3,7 +3,7 @@ NVIDIA's ``ensemble`` (text_input, max_tokens, stream, ... -> text_output + pass
 
 Per batch row, on a worker thread (``execute`` returns at once, so requests run concurrently):
 preprocessing via BLS ``exec()``, then tensorrt_llm, each response's new ids ->
-``tritonllm.text.bls_stream.TextGeneration`` (exact incremental detokenization + stop strings) -> text.
+``tritonllm.text.text_generation.TextGeneration`` (exact incremental detokenization + stop strings) -> text.
 Decoupled (NVIDIA's ``decoupled_mode``, the default): tensorrt_llm via ``exec(decoupled=True)``, always
 streaming; each row answers on its own (``batch_index`` when the batch has several rows), deltas when
 ``stream=true``, and the last row to finish carries the final flag. ``num_return_sequences`` n > 1
@@ -54,6 +54,7 @@ from tritonllm.text import llmapi_text as LT  # noqa: E402
 from tritonllm.text.detokenizer import tokenizer_traits  # noqa: E402
 from tritonllm.text.preprocess import InvalidInput  # noqa: E402
 from tritonllm.text.sequences import Sequences  # noqa: E402
+from tritonllm.text.text_generation import stackable  # noqa: E402
 from tritonllm.text.tokenizer import load_tokenizer, parse_bool  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -288,7 +289,7 @@ class TritonPythonModel:
             if not self.decoupled:
                 job.done[row.index] = chunk.arrays()
                 if last:
-                    self._send_locked(job, self._response(stack_rows(B.stackable(job.done)) if len(job.done) > 1
+                    self._send_locked(job, self._response(stack_rows(stackable(job.done)) if len(job.done) > 1
                                                           else job.done[0]), FINAL)
             elif req.stream and chunk.empty:  # a stream ends without an empty event when nothing is left
                 if last:

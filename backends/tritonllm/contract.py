@@ -53,6 +53,9 @@ DECOUPLED_MODE_MODELS = (TENSORRT_LLM, BLS, LLMAPI)
 # has them in its LLM API / executor): how many most likely alternatives to return per generated token
 # (OpenAI's top_logprobs, TensorRT-LLM SamplingParams.logprobs), and the executor's request priority in
 # [0, 1], higher first (default 0.5). The BLS takes them from the client too; the GPU profile drops them.
+# The most sequences one request may ask for (num_return_sequences): tensorrt_llm, the BLS and the OpenAI
+# server's `n` refuse more.
+MAX_RETURN_SEQUENCES = 16
 ENGINE_REQUEST_INPUTS: tuple[Tensor, ...] = (
     Tensor("top_logprobs", "TYPE_INT32", (1,), optional=True, reshape=(), nvidia=False),
     Tensor("priority", "TYPE_FP32", (1,), optional=True, reshape=(), nvidia=False),

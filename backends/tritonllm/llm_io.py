@@ -38,7 +38,6 @@ from . import contract as C
 from .engine.knobs import KNOBS, SPECULATIVE_MODES
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
-MAX_RETURN_SEQUENCES = 16
 # SamplingParams field <- tensorrt_llm scalar input, conversion, default (TensorRT-LLM's): one row each.
 SCALAR_FIELDS: tuple[tuple[str, str, type, object], ...] = (
     ("temperature", "temperature", float, 1.0),
@@ -216,8 +215,8 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
     if beam != 1:
         raise InvalidRequest(f"beam_width {beam} is not supported (only 1)")
     nret = _scalar(arrays, "num_return_sequences", 1)
-    if not 1 <= nret <= MAX_RETURN_SEQUENCES:
-        raise InvalidRequest(f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {nret}")
+    if not 1 <= nret <= C.MAX_RETURN_SEQUENCES:
+        raise InvalidRequest(f"num_return_sequences must be in [1, {C.MAX_RETURN_SEQUENCES}], got {nret}")
     for name in ("lora_weights", "lora_config"):
         if arrays.get(name) is not None and arrays[name].size:
             raise InvalidRequest(f"{name}: in-request LoRA weights are not supported; adapters are loaded from "

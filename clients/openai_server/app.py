@@ -64,9 +64,11 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode("utf-8")
 
 
-def sequence(outcomes: list, chunk: Chunk):
-    """The outcome a chunk belongs to (its sequence_index; 0 when the model sent none)."""
-    return outcomes[chunk.sequence_index if 0 <= chunk.sequence_index < len(outcomes) else 0]
+def sequence_of(chunk: Chunk, n: int) -> int:
+    """The choice a chunk belongs to (its sequence_index; 0 when the model sent none)."""
+    if not 0 <= chunk.sequence_index < n:  # merging it into another choice would hide the fault
+        raise ApiError(502, f"Triton sent sequence_index {chunk.sequence_index} for {n} sequences", "server_error")
+    return chunk.sequence_index
 
 
 async def _first(chunks: AsyncIterator[Chunk]) -> Chunk | None:
@@ -131,7 +133,7 @@ def create_app(settings: Settings) -> FastAPI:
         """One Outcome per sequence (``n``), by the chunks' sequence_index."""
         outcomes = [Outcome() for _ in range(params.num_return_sequences or 1)]
         async for chunk in triton.generate(prompt, params, False, model, timeout_us):
-            sequence(outcomes, chunk).add(chunk)
+            outcomes[sequence_of(chunk, len(outcomes))].add(chunk)
         return outcomes
 
     async def stream_events(first: Chunk | None, chunks: AsyncIterator[Chunk], make_event) -> AsyncIterator[bytes]:
@@ -225,7 +227,7 @@ def create_app(settings: Settings) -> FastAPI:
                 if req.include_usage():
                     yield completion_body(rid, req.model, [], choices_usage(tools, prompt, outcomes))
                 return
-            j = chunk.sequence_index if 0 <= chunk.sequence_index < n else 0
+            j = sequence_of(chunk, n)
             outcomes[j].add(chunk)
             head = prompt if echo[j] else ""
             echo[j] = False
@@ -236,23 +238,23 @@ def create_app(settings: Settings) -> FastAPI:
 
         return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
 
-    def tool_mode(req: ChatCompletionRequest) -> str | None:
+    def tool_mode(req: ChatCompletionRequest) -> str | tuple[str, str] | None:
         """The request's tool mode (``ChatCompletionRequest.tool_mode``), refused when this server cannot
         serve it."""
         mode = req.tool_mode()
         if mode == "auto" and not settings.tool_call_parser:
             raise ApiError(400, '"auto" tool choice needs a tool-call parser: start the server with '
-                                "--tool-call-parser (hermes, llama3_json, mistral)", param="tool_choice")
+                                f"--tool-call-parser ({', '.join(TOOL_PARSERS)})", param="tool_choice")
         return mode
 
-    def new_answer(mode: str | None) -> ChatAnswer:
+    def new_answer(mode) -> ChatAnswer:
         if mode in (None, "none"):
             return ChatAnswer(settings.reasoning_parser, None)
         if mode == "auto":
             return ChatAnswer(settings.reasoning_parser, TOOL_PARSERS[settings.tool_call_parser])
-        return ChatAnswer(None, json_array if mode == "required" else named(mode))  # guided: no reasoning
+        return ChatAnswer(None, json_array if mode == "required" else named(mode[1]))  # guided: no reasoning
 
-    def chat_finish(mode: str | None, called: bool, reason: str) -> str:
+    def chat_finish(mode, called: bool, reason: str) -> str:
         # OpenAI answers a named tool_choice with "stop", a call the model chose with "tool_calls"
         return "tool_calls" if called and reason != "length" and mode in ("auto", "required") else reason
 
@@ -301,11 +303,14 @@ def create_app(settings: Settings) -> FastAPI:
             if chunk is None:
                 for j in range(n):
                     yield from deltas(j, "", True)
-                    yield choice(j, {}, chat_finish(mode, answers[j].called, outcomes[j].finish_reason(max_tokens)))
+                    # log probs of tokens the parsers swallowed (tags) ride on the finish chunk
+                    lp = {"content": pending_lp[j]} if req.logprobs and pending_lp[j] else None
+                    yield choice(j, {}, chat_finish(mode, answers[j].called, outcomes[j].finish_reason(max_tokens)),
+                                 lp)
                 if req.include_usage():
                     yield chat_body(rid, req.model, [], choices_usage(tools, prompt, outcomes), chunk=True)
                 return
-            j = chunk.sequence_index if 0 <= chunk.sequence_index < n else 0
+            j = sequence_of(chunk, n)
             outcomes[j].add(chunk)
             if req.logprobs:
                 pending_lp[j].extend(chat_logprobs(tools, chunk.text, chunk.log_probs or [],

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clients.triton_llm import GenerationParams
+from clients.triton_llm import C, GenerationParams
 
 
 class ApiError(Exception):
@@ -50,7 +50,7 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=16)  # tensorrt_llm's num_return_sequences cap (llm_io)
+    n: int = Field(default=1, ge=1, le=C.MAX_RETURN_SEQUENCES)  # NVIDIA's num_return_sequences
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -261,8 +261,9 @@ class ChatCompletionRequest(_Common):
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def tool_mode(self) -> str | None:
-        """None (no tools), "none", "auto", "required", or the name of the function the model must call."""
+    def tool_mode(self) -> str | tuple[str, str] | None:
+        """None (no tools), "none", "auto", "required", or ("function", name) for the function the model
+        must call (tagged: a function may itself be called "auto")."""
         choice = self.tool_choice
         if not self.tools:
             if choice not in (None, "none"):
@@ -278,7 +279,7 @@ class ChatCompletionRequest(_Common):
                                 '{"type": "function", "function": {"name": ...}}', param="tool_choice")
         if name not in {t.function.name for t in self.tools}:
             raise ApiError(400, f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        return name
+        return ("function", name)
 
     def guide(self, mode: str | None) -> tuple[str, str] | None:
         """The request's one guide: a forced tool_choice's, response_format's or a guided_* extra's."""
@@ -302,7 +303,7 @@ class ChatCompletionRequest(_Common):
             return None
         schema = {t.function.name: t.function.parameters or {"type": "object"} for t in self.tools}
         if mode != "required":
-            return ("json_schema", json.dumps(schema[mode]))
+            return ("json_schema", json.dumps(schema[mode[1]]))
         item = {"anyOf": [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
                                                              "parameters": params},
                            "required": ["name", "parameters"], "additionalProperties": False}

@@ -276,14 +276,18 @@ def final_calls(parser: Parser, text: str) -> tuple[str | None, list[dict]] | No
 
 
 class ToolCallStream:
-    """Text deltas in, (content delta, tool_calls deltas as OpenAI's stream chunks carry them) out."""
+    """Text deltas in, (content delta, tool_calls deltas as OpenAI's stream chunks carry them) out.
+
+    What was sent cannot be taken back, so where the whole answer would differ, the stream keeps as close
+    as it can: text that never became a call is released as content when the text ends (or when it stops
+    parsing before any call was sent); once a call was sent, text that stops parsing is dropped."""
 
     def __init__(self, parser: Parser):
         self.parser = parser
         self.text = ""
         self._content = 0           # content characters sent
-        self._sent: list[list] = []  # per call: [id, argument characters sent]
-        self.broken = False         # malformed: the rest streams as content
+        self._sent: list[int] = []  # per call sent: its argument characters sent
+        self.broken = False         # stopped parsing: the rest is content (no call sent) or dropped
 
     @property
     def called(self) -> bool:
@@ -292,12 +296,15 @@ class ToolCallStream:
     def feed(self, delta: str, final: bool = False) -> tuple[str, list[dict]]:
         self.text += delta
         if self.broken:
-            return delta, []
+            return ("" if self._sent else delta), []
         try:
             parsed = self.parser(self.text, final)
         except _Malformed:
             self.broken = True
-            rest = self.text[self._content:] if not self._sent else ""
+            return ("" if self._sent else self.text[self._content:]), []
+        if final and not self._sent and final_calls(self.parser, self.text) is None:
+            rest = self.text[self._content:]  # it looked like a call and never was one: plain content
+            self._content = len(self.text)
             return rest, []
         content = parsed.content[self._content:]
         self._content = len(parsed.content)
@@ -306,16 +313,16 @@ class ToolCallStream:
             if call.name is None:
                 break  # calls stream in order: a later one waits for this one's name
             if index == len(self._sent):
-                self._sent.append([new_call_id(), 0])
-                deltas.append({"index": index, "id": self._sent[index][0], "type": "function",
+                self._sent.append(0)
+                deltas.append({"index": index, "id": new_call_id(), "type": "function",
                                "function": {"name": call.name, "arguments": ""}})
-            if call.quoted:  # a JSON-string argument is only known decoded, once whole
-                args = _arguments(call) if call.complete and not self._sent[index][1] else ""
+            if call.quoted or not call.arguments:  # known only once whole: decoded, or "{}" when absent
+                args = _arguments(call) if call.complete and not self._sent[index] else ""
                 if args:
-                    self._sent[index][1] = len(args)
+                    self._sent[index] = len(args)
             else:
-                args = call.arguments[self._sent[index][1]:]
-                self._sent[index][1] = len(call.arguments)
+                args = call.arguments[self._sent[index]:]
+                self._sent[index] = len(call.arguments)
             if args:
                 deltas.append({"index": index, "function": {"arguments": args}})
         return content, deltas

@@ -48,7 +48,7 @@ def test_completions_n_per_prompt_in_openais_order(client):
     assert t[0] == t[1] and t[2] == t[3] and t[0] != t[2]  # greedy: the n sequences of a prompt agree
 
 
-def test_top_logprobs_are_the_most_likely_tokens(client, tokenizer):
+def test_top_logprobs_are_the_most_likely_tokens(client):
     reply = client.chat.completions.create(model="tritonllm", messages=ASK, temperature=0, max_tokens=8,
                                            logprobs=True, top_logprobs=5)
     content = reply.choices[0].logprobs.content
@@ -115,7 +115,8 @@ def test_a_high_priority_request_overtakes_the_queue(openai_url, triton_server):
     asyncio.run(scenario())
     assert submitted["high"] < min(ended[f"b{i}"] for i in range(16)), "no slot may free before the high one queues"
     after_high = [n for n in first_token if n.startswith("low") and first_token[n] > first_token["high"]]
-    assert len(after_high) >= 4, sorted(first_token.items(), key=lambda kv: kv[1])
+    # first-come-first-served admits the high one with the last four lows; by priority, five lows follow it
+    assert len(after_high) >= 5, sorted(first_token.items(), key=lambda kv: kv[1])
     assert wait_idle(triton_server.metrics_url)["llm_kv_cache_usage_ratio"] == 0.0
 
 

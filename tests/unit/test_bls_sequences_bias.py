@@ -9,6 +9,7 @@ import pytest
 
 from tritonllm.llm_io import stack_rows
 from tritonllm.text import bls_stream as B
+from tritonllm.text import text_generation as G
 from tritonllm.text import logit_bias as LB
 from tritonllm.text.preprocess import InvalidInput, preprocess
 from tritonllm.text.sequences import Sequences
@@ -59,7 +60,7 @@ def _interleaved(seqs_ids, rng, k=0):
 
 def _sequences(tok, req, **kw):
     return Sequences(req.num_return_sequences,
-                     lambda index: B.TextGeneration(tok, req, sequence_index=index, **kw))
+                     lambda index: G.TextGeneration(tok, req, sequence_index=index, **kw))
 
 
 def _run(tok, req, seqs_ids, seed=0, k=0):
@@ -191,12 +192,12 @@ def test_top_log_probs_cover_every_token_once_per_sequence(tok, stream):
 def test_unary_rows_with_different_token_counts_stack():
     rows = [{"top_log_probs": np.full((1, 2, 2), -1.5, np.float32), "top_log_prob_ids": np.full((1, 2, 2), 7, np.int32)},
             {"top_log_probs": np.full((1, 3, 2), -0.5, np.float32), "top_log_prob_ids": np.full((1, 3, 2), 4, np.int32)}]
-    stacked = stack_rows(B.stackable(rows))
+    stacked = stack_rows(G.stackable(rows))
     assert stacked["top_log_probs"].tolist() == [[[-1.5, -1.5], [-1.5, -1.5], [-np.inf, -np.inf]], [[-0.5] * 2] * 3]
     assert stacked["top_log_prob_ids"].tolist() == [[[7, 7], [7, 7], [-1, -1]], [[4, 4]] * 3]
     # rows asking for different k: the alternatives axis is padded the same way
     rows[1] = {name: a[:, :, :1] for name, a in rows[1].items()}
-    assert stack_rows(B.stackable(rows))["top_log_prob_ids"].tolist() == [[[7, 7], [7, 7], [-1, -1]], [[4, -1]] * 3]
+    assert stack_rows(G.stackable(rows))["top_log_prob_ids"].tolist() == [[[7, 7], [7, 7], [-1, -1]], [[4, -1]] * 3]
 
 
 # --------------------------------------------------------------------------- logit_bias

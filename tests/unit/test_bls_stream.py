@@ -8,6 +8,7 @@ import pytest
 
 from tritonllm.error_names import with_client_names
 from tritonllm.text import bls_stream as B
+from tritonllm.text import text_generation as G
 from tritonllm.text.preprocess import InvalidInput, preprocess
 from tritonllm.text.tokenizer import TextTokenizer
 
@@ -49,7 +50,7 @@ def _responses(ids, rng, *, logprobs=True):
 
 def _run(tok, req, ids, seed=0, prompt=None, **kw):
     """All chunks a client would receive, the last one being finish()'s."""
-    gen = B.TextGeneration(tok, req, prompt, **kw)
+    gen = G.TextGeneration(tok, req, prompt, **kw)
     chunks = []
     for r in _responses(ids, random.Random(seed)):
         c = gen.on_response(r)
@@ -130,7 +131,7 @@ def test_a_batch_splits_into_rows_and_refuses_mismatched_batch_sizes(tok):
     rows = B.split_rows(arrays)
     assert [r["text_input"].tolist() for r in rows] == [[[b"a"]], [[b"b"]], [[b"c"]]]
     assert [B.parse_request(r, i).max_tokens for i, r in enumerate(rows)] == [4, 5, 6]
-    assert B.Chunk("x", batch_index=2).arrays()["batch_index"].tolist() == [[2]]
+    assert G.Chunk("x", batch_index=2).arrays()["batch_index"].tolist() == [[2]]
     with pytest.raises(InvalidInput, match="max_tokens must have batch size 3"):
         B.split_rows({**arrays, "max_tokens": np.array([[4]], dtype=np.int32)})
 

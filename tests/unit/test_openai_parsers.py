@@ -127,16 +127,21 @@ def _chat(**kw) -> ChatCompletionRequest:
 
 def test_tool_choice_modes_and_their_guides():
     assert _chat().tool_mode() == "auto"
-    assert _chat(tool_choice="none").guide("none") is None
+    none = _chat(tool_choice="none")
+    assert none.tool_mode() == "none" and none.guide(none.tool_mode()) is None
     kind, schema = _chat(tool_choice="required", parallel_tool_calls=False).guide("required")
     schema = json.loads(schema)
     assert kind == "json_schema" and schema["minItems"] == 1 and schema["maxItems"] == 1
     assert [o["properties"]["name"]["enum"] for o in schema["items"]["anyOf"]] == [["get_weather"], ["now"]]
     req = _chat(tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert req.tool_mode() == "get_weather"
-    assert json.loads(req.guide("get_weather")[1])["required"] == ["city"]
-    assert json.loads(_chat(tool_choice={"type": "function", "function": {"name": "now"}}).guide("now")[1]) == {
-        "type": "object"}
+    assert req.tool_mode() == ("function", "get_weather")
+    assert json.loads(req.guide(req.tool_mode())[1])["required"] == ["city"]
+    now = _chat(tool_choice={"type": "function", "function": {"name": "now"}})
+    assert json.loads(now.guide(now.tool_mode())[1]) == {"type": "object"}
+    auto_fn = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                    tools=[{"type": "function", "function": {"name": "auto"}}],
+                                    tool_choice={"type": "function", "function": {"name": "auto"}})
+    assert auto_fn.tool_mode() == ("function", "auto")  # a function named like a mode is still a function
 
 
 @pytest.mark.parametrize("kw,param", [
@@ -161,3 +166,24 @@ def test_assistant_tool_calls_reach_the_template_as_objects():
     msgs = req.chat_messages()
     assert msgs[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
     assert msgs[2] == {"role": "tool", "content": "sunny", "tool_call_id": "c1"}
+
+
+@pytest.mark.parametrize("parser,text", [(T.llama3_json, '{"answer": 1}'),
+                                         (T.hermes, '<tool_call>{"foo": 1}</tool_call>')])
+def test_text_that_only_looked_like_a_call_streams_as_content(parser, text):
+    assert T.final_calls(parser, text) is None
+    for step in (1, 3, len(text)):
+        assert _stream(parser, text, step) == (text, {}, {})
+
+
+def test_a_call_without_arguments_streams_the_same_arguments_as_the_whole_answer():
+    text = '<tool_call>{"name": "now"}</tool_call>'
+    _, calls = T.final_calls(T.hermes, text)
+    assert calls[0]["function"]["arguments"] == "{}"
+    for step in (1, 4, len(text)):
+        assert _stream(T.hermes, text, step) == ("", {0: "now"}, {0: "{}"})
+
+
+def test_text_breaking_the_format_after_a_call_is_dropped_not_garbled():
+    text = '{"name": "f", "parameters": {"a": 1}} trailing'
+    assert _stream(T.llama3_json, text, 3) == ("", {0: "f"}, {0: '{"a": 1}'})

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from .. import contract_llmapi as L
-from .bls_stream import BlsRequest, TextGeneration, parse_request
+from .bls_stream import BlsRequest, parse_request
+from .text_generation import TextGeneration
 from .bls_stream import scalar as _scalar
 from .preprocess import InvalidInput
 
