@@ -38,8 +38,6 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "backends"))
-
 from tritonllm.serving.discovery import find_free_ports  # noqa: E402
 
 import openai_load  # noqa: E402  (benchmarks/ is this script's folder)

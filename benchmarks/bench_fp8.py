@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "backends"))
-
 from tritonllm.engine.config import EngineConfig  # noqa: E402
 from tritonllm.engine.engine import LLMEngine  # noqa: E402
 from tritonllm.engine.fp8 import FP8Weight  # noqa: E402

@@ -36,9 +36,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "backends"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
 from bench_engine import decode_rate, engine_run, log, machine_bounds, prompts, rate  # noqa: E402
 from bench_model import build_bench_model  # noqa: E402
 from plotting import pyplot  # noqa: E402

@@ -40,7 +40,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "build_scripts"))
-sys.path.insert(0, str(ROOT / "backends"))
 
 MODEL = "tabular_rf"
 

@@ -123,7 +123,6 @@ def stop_group(proc: subprocess.Popen, grace: float = 60) -> None:
 def start_ours(model: str, log_dir: Path):
     """tritonserver over the rendered repositories (what `make serve` runs) + our OpenAI server in front of it.
     Returns (port, stop)."""
-    sys.path.insert(0, str(ROOT / "backends"))
     from tritonllm.serving.launcher import TritonServer, find_free_ports
 
     http_port, grpc_port, metrics_port, port = find_free_ports(4)
@@ -149,13 +148,11 @@ def start_ours(model: str, log_dir: Path):
 
 def start_vllm(model: str, model_dir: Path, threads: int, log_dir: Path, max_num_seqs: int):
     """`vllm serve` from build/peers/vllm (`make bench-peers` builds it), loopback, fp32, 2 GB of KV."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from peers import setup_envs
 
     py = Path(setup_envs.VLLM_VENV) / "bin" / "python"
     if not py.exists():
         raise RuntimeError(f"{py} missing: `make bench-peers` builds vLLM CPU")
-    sys.path.insert(0, str(ROOT / "backends"))
     from tritonllm.serving.discovery import find_free_ports
 
     (port,) = find_free_ports(1)

@@ -31,12 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "backends"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 
-from benchmarks.perf_report import genai_perf_row, perf_analyzer_rows, plot, write_summary  # noqa: E402
-from clients.triton_llm import default_tokenizer_dir  # noqa: E402
+from clients.triton_llm import default_tokenizer_dir
+from perf_report import genai_perf_row, perf_analyzer_rows, plot, write_summary
 
 TEXT = ("The lighthouse keeper climbed the stairs every evening, counting the steps as his father had taught "
         "him. Outside, the sea rolled grey and patient against the rocks, and the gulls argued over scraps "

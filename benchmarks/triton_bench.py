@@ -10,7 +10,6 @@ import contextlib
 import os
 import queue
 import shutil
-import sys
 import tempfile
 import time
 
@@ -52,7 +51,6 @@ def _repository(model_dir: str, dtype: str, batch: int, seq: int, text: bool = F
 @contextlib.contextmanager
 def _served(repo: str):
     """A tritonserver over `repo` on free ports; yields its gRPC url; removes `repo` afterwards."""
-    sys.path.insert(0, os.path.join(ROOT, "backends"))
     from tritonllm.serving.launcher import TritonServer, find_free_ports
 
     ports = find_free_ports(3)

@@ -26,17 +26,15 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from classical_corpus import EXTRA_TEST_PROMPTS, build_corpus  # noqa: E402
-from classical_configs import write_configs  # noqa: E402
+from classical_corpus import EXTRA_TEST_PROMPTS, build_corpus  # siblings: the script's folder is on sys.path
+from classical_configs import write_configs
 
 SEED = 20261130
 OPSET = 17

@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cached_build  # noqa: E402  (sibling helper; build_scripts is not a package)
+import cached_build  # sibling helper (build_scripts is not a package: the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = ROOT / "build" / "models" / "demo"

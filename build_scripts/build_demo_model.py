@@ -30,10 +30,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cached_build  # noqa: E402  (sibling helpers; build_scripts is not a package)
-import demo_corpus  # noqa: E402
-from cached_build import STAMP  # noqa: E402,F401  (re-exported: the checkpoint's stamp file name)
+import cached_build  # sibling helpers (build_scripts is not a package: the script's folder is on sys.path)
+import demo_corpus
+from cached_build import STAMP  # noqa: F401  (re-exported: the checkpoint's stamp file name)
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json", "special_tokens_map.json")

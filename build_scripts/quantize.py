@@ -38,14 +38,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "backends") not in sys.path:
-    sys.path.insert(0, str(ROOT / "backends"))
 
-from tritonllm.engine.quant_writer import contiguous_groups, dequantize, pack_awq, rtn  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cached_build  # noqa: E402  (sibling helper; build_scripts is not a package)
-from cached_build import STAMP  # noqa: E402
+import cached_build  # sibling helper (build_scripts is not a package: the script's folder is on sys.path)
+from cached_build import STAMP
+from tritonllm.engine.quant_writer import contiguous_groups, dequantize, pack_awq, rtn
 
 GROUPS = (("qkv", ("q_proj", "k_proj", "v_proj")), ("o", ("o_proj",)), ("gate_up", ("gate_proj", "up_proj")),
           ("down", ("down_proj",)))
@@ -64,7 +60,6 @@ def calibration_ids(tokenizer_dir: Path, source: str, samples: int, length: int)
     from tokenizers import Tokenizer
 
     if source == "demo":
-        sys.path.insert(0, str(ROOT / "build_scripts"))
         import demo_corpus
 
         text = demo_corpus.load_corpus(max_chars=samples * length * 8)

@@ -24,7 +24,7 @@ import triton_python_backend_utils as pb_utils
 from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.postprocess import Postprocessor
 from tritonllm.text.tokenizer import load_tokenizer, parse_bool
-from tritonllm.serving.triton_kit import read_inputs
+from tritonllm.serving.triton_kit import error_response, read_inputs
 
 
 class TritonPythonModel:
@@ -54,8 +54,7 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(n, arrays[n]) for n in self.output_names if n in arrays])
         except ValueError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+            return error_response(pb_utils, str(e), pb_utils.TritonError.INVALID_ARG)
         except Exception as e:  # keep the other requests of the batch alive
             pb_utils.Logger.log_error(f"postprocessing failed: {e!r}")
-            return pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(f"postprocessing failed: {e}", pb_utils.TritonError.INTERNAL))
+            return error_response(pb_utils, f"postprocessing failed: {e}", pb_utils.TritonError.INTERNAL)

@@ -48,7 +48,7 @@ from tritonllm import contract as C  # noqa: E402
 from tritonllm.errors import InnerError  # noqa: E402
 from tritonllm.llm_io import STREAMING_NEEDS_DECOUPLED, stack_rows  # noqa: E402
 from tritonllm.paths import model_parameters, model_path_param  # noqa: E402
-from tritonllm.serving.triton_kit import read_inputs  # noqa: E402
+from tritonllm.serving import triton_kit as K  # noqa: E402
 from tritonllm.text import bls_stream as B  # noqa: E402
 from tritonllm.text import llmapi_text as LT  # noqa: E402
 from tritonllm.text.detokenizer import tokenizer_traits  # noqa: E402
@@ -122,15 +122,14 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            arrays = read_inputs(pb_utils, request, self.input_names)
+            arrays = K.read_inputs(pb_utils, request, self.input_names)
             try:
                 if self.llmapi and LT.is_stop(arrays):
                     self._stop_request(sender, request.request_id())
                     continue
                 rows = [arrays] if self.llmapi else B.split_rows(arrays)
             except InvalidInput as e:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    str(e), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+                K.send_error(pb_utils, sender, str(e), pb_utils.TritonError.INVALID_ARG)
                 continue
             # request.timeout(): microseconds, 0 = none (2.51's stub has it; a stub without it: no deadline)
             timeout_us = int(getattr(request, "timeout", lambda: 0)() or 0)
@@ -167,13 +166,8 @@ class TritonPythonModel:
                 self._generate(row, req, pre, seqs)
             else:
                 self._generate_unary(row, req, pre, seqs)
-        except InvalidInput as e:
-            self._fail(row.job, str(e), pb_utils.TritonError.INVALID_ARG)
-        except InnerError as e:
-            self._fail(row.job, str(e), e.code)
         except Exception as e:  # never let one request take the model down
-            pb_utils.Logger.log_error(f"tensorrt_llm_bls: {e!r}")
-            self._fail(row.job, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
+            self._fail(row.job, *K.failure(pb_utils, e, "tensorrt_llm_bls"))
         finally:
             if not row.finished:  # a no-op when the job already has its final response
                 self._fail(row.job, "tensorrt_llm_bls: request ended without a response",
@@ -271,11 +265,7 @@ class TritonPythonModel:
             for row in job.rows:
                 if not row.finished:
                     self._stop_engine(row)
-        self._fail_sender(sender, LT.STOP_MESSAGE, pb_utils.TritonError.CANCELLED)
-
-    @staticmethod
-    def _fail_sender(sender, message, code):
-        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
+        K.send_error(pb_utils, sender, LT.STOP_MESSAGE, pb_utils.TritonError.CANCELLED)
 
     def _row_final(self, row, req, chunk, row_done=True):
         """A sequence's last chunk (``row_done``: the row's last one): the job's final response once every
@@ -302,7 +292,7 @@ class TritonPythonModel:
             output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
 
     def _fail(self, job, message, code):
-        self._send(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), FINAL)
+        self._send(job, K.error_response(pb_utils, message, code), FINAL)
 
     def _send(self, job, response, flags):
         """Send a response (None: flag only), never after the final one. Under the lock shared with the
@@ -323,7 +313,7 @@ class TritonPythonModel:
             job.sender.send(response, flags=flags)
 
     def _inner_error(self, error):
-        return InnerError(self.names(B.client_message(error.message())), _code(error))
+        return InnerError(self.names(B.client_message(error.message())), K.inner_code(pb_utils, error))
 
     # ---- cancellation ------------------------------------------------------------------------------
     def _watch_cancellations(self):
@@ -338,8 +328,3 @@ class TritonPythonModel:
         self.closing.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-
-def _code(error):
-    """The inner error's code; INTERNAL is re-derived from the message (see bls_stream.recovered_code)."""
-    code = error.code()
-    return getattr(pb_utils.TritonError, B.recovered_code(error.message())) if code == pb_utils.TritonError.INTERNAL else code

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 from tritonllm import contract as C  # noqa: E402
 from tritonllm import routing as R  # noqa: E402
 from tritonllm.errors import InnerError  # noqa: E402
-from tritonllm.serving.triton_kit import read_inputs  # noqa: E402
+from tritonllm.serving import triton_kit as K  # noqa: E402
 from tritonllm.text import bls_stream as B  # noqa: E402
 from tritonllm.text.preprocess import InvalidInput  # noqa: E402
 
@@ -51,7 +51,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            arrays = read_inputs(pb_utils, request, self.input_names)
+            arrays = K.read_inputs(pb_utils, request, self.input_names)
             self.pool.submit(self._run, request.get_response_sender(), arrays)
         return None
 
@@ -78,20 +78,15 @@ class TritonPythonModel:
                 sender.send(self._response(R.refusal_outputs(self.config, route)), flags=FINAL)
             else:
                 self._relay(sender, route, req.stream, self._start(route.model, arrays))
-        except InvalidInput as e:
-            self._fail(sender, str(e), pb_utils.TritonError.INVALID_ARG)
-        except InnerError as e:
-            self._fail(sender, str(e), e.code)
         except Exception as e:  # never let one request take the model down
-            pb_utils.Logger.log_error(f"{self.name}: {e!r}")
-            self._fail(sender, f"{self.name}: internal error: {e}", pb_utils.TritonError.INTERNAL)
+            K.send_error(pb_utils, sender, *K.failure(pb_utils, e, self.name))
 
     def _classify(self, text):
         inputs = [pb_utils.Tensor(k, v) for k, v in R.guard_inputs(text).items()]
         resp = pb_utils.InferenceRequest(model_name=self.config.guard_model, inputs=inputs,
                                          requested_output_names=["label", "probabilities"]).exec()
         if resp.has_error():
-            raise InnerError(f"{self.config.guard_model}: {resp.error().message()}", _code(resp.error()))
+            raise InnerError(f"{self.config.guard_model}: {resp.error().message()}", K.inner_code(pb_utils, resp.error()))
         return R.parse_verdict({t.name(): t.as_numpy() for t in resp.output_tensors()})
 
     def _start(self, model, arrays):
@@ -107,7 +102,7 @@ class TritonPythonModel:
             if error is not None or cancelled:
                 continue
             if resp.has_error():
-                error = InnerError(resp.error().message(), _code(resp.error()))
+                error = InnerError(resp.error().message(), K.inner_code(pb_utils, resp.error()))
                 continue
             tensors = resp.output_tensors()
             if not tensors:  # the inner flag-only final response
@@ -130,15 +125,6 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
 
-    @staticmethod
-    def _fail(sender, message, code):
-        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
-
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-
-def _code(error):
-    """The inner error's code; INTERNAL is re-derived from the message (see bls_stream.recovered_code)."""
-    code = error.code()
-    return getattr(pb_utils.TritonError, B.recovered_code(error.message())) if code == pb_utils.TritonError.INTERNAL else code

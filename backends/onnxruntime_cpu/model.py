@@ -15,6 +15,7 @@ import os
 import triton_python_backend_utils as pb_utils
 
 from tritonllm.classical import InputError, OnnxClassifier, SessionSettings
+from tritonllm.serving.triton_kit import error_response
 
 
 class TritonPythonModel:
@@ -31,11 +32,9 @@ class TritonPythonModel:
         responses = []
         for result in self._model.run(arrays):
             if isinstance(result, InputError):
-                error = pb_utils.TritonError(str(result), pb_utils.TritonError.INVALID_ARG)
-                responses.append(pb_utils.InferenceResponse(error=error))
+                responses.append(error_response(pb_utils, str(result), pb_utils.TritonError.INVALID_ARG))
             elif isinstance(result, Exception):
-                error = pb_utils.TritonError(f"inference failed: {result}", pb_utils.TritonError.INTERNAL)
-                responses.append(pb_utils.InferenceResponse(error=error))
+                responses.append(error_response(pb_utils, f"inference failed: {result}", pb_utils.TritonError.INTERNAL))
             else:
                 tensors = [pb_utils.Tensor(name, value) for name, value in result.items()]
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))

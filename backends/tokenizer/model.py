@@ -22,7 +22,7 @@ from tritonllm.error_names import with_client_names
 from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.preprocess import preprocess
 from tritonllm.text.tokenizer import TextTokenizer, chat_mode_from_params, parse_bool
-from tritonllm.serving.triton_kit import read_inputs
+from tritonllm.serving.triton_kit import error_response, read_inputs
 
 
 class TritonPythonModel:
@@ -50,9 +50,7 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(n, arrays[n]) for n in self.output_names if n in arrays])
         except ValueError as e:  # named as the ensemble's client knows them too: "QUERY (text_input): ..."
-            return pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(with_client_names(str(e)), pb_utils.TritonError.INVALID_ARG))
+            return error_response(pb_utils, with_client_names(str(e)), pb_utils.TritonError.INVALID_ARG)
         except Exception as e:  # keep the other requests of the batch alive
             pb_utils.Logger.log_error(f"preprocessing failed: {e!r}")
-            return pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(f"preprocessing failed: {e}", pb_utils.TritonError.INTERNAL))
+            return error_response(pb_utils, f"preprocessing failed: {e}", pb_utils.TritonError.INTERNAL)

@@ -38,26 +38,27 @@ from . import contract as C
 from .engine.knobs import KNOBS, SPECULATIVE_MODES
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
-# SamplingParams field <- tensorrt_llm scalar input, conversion, default (TensorRT-LLM's): one row each.
-SCALAR_FIELDS: tuple[tuple[str, str, type, object], ...] = (
-    ("temperature", "temperature", float, 1.0),
-    ("top_k", "runtime_top_k", int, 0),
-    ("top_p", "runtime_top_p", float, 0.0),
-    ("repetition_penalty", "repetition_penalty", float, 1.0),
-    ("presence_penalty", "presence_penalty", float, 0.0),
-    ("frequency_penalty", "frequency_penalty", float, 0.0),
-    ("min_tokens", "min_tokens", int, 0),
-    ("seed", "seed", int, None),
-    ("end_id", "end_id", int, None),
-    ("return_log_probs", "return_log_probs", bool, False),
-    ("lora_task_id", "lora_task_id", int, None),
-    ("top_logprobs", "top_logprobs", int, 0),
-    ("priority", "priority", float, 0.5),
+# SamplingParams field <- tensorrt_llm scalar input, conversion: one row each (an input not sent keeps the
+# field's default, which SamplingParams holds: TensorRT-LLM's).
+SCALAR_FIELDS: tuple[tuple[str, str, type], ...] = (
+    ("temperature", "temperature", float),
+    ("top_k", "runtime_top_k", int),
+    ("top_p", "runtime_top_p", float),
+    ("repetition_penalty", "repetition_penalty", float),
+    ("presence_penalty", "presence_penalty", float),
+    ("frequency_penalty", "frequency_penalty", float),
+    ("min_tokens", "min_tokens", int),
+    ("seed", "seed", int),
+    ("end_id", "end_id", int),
+    ("return_log_probs", "return_log_probs", bool),
+    ("lora_task_id", "lora_task_id", int),
+    ("top_logprobs", "top_logprobs", int),
+    ("priority", "priority", float),
 )
 # The engine names its own fields in errors (SamplingParams.verify, LLMEngine.validate); on the tensor
 # contract they are the inputs they came from, where the names differ.
 TENSOR_OF_FIELD: dict[str, str] = {
-    **{field: name for field, name, _, _ in SCALAR_FIELDS if field != name},
+    **{field: name for field, name, _ in SCALAR_FIELDS if field != name},
     "prompt_ids": "input_ids", "max_tokens": "request_output_len", "stop_words": "stop_words_list",
     "bad_words": "bad_words_list", "guide": "guided_decoding_guide_type", "allotted_time_ms": "timeout",
 }
@@ -235,9 +236,10 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
         raise InvalidRequest("guided_decoding_guide needs guided_decoding_guide_type (json, json_schema, regex "
                              "or ebnf_grammar)")
     scalars = {}
-    for field, name, conv, default in SCALAR_FIELDS:
-        value = _scalar(arrays, name, default)
-        scalars[field] = conv(value) if value is not None else None
+    for field, name, conv in SCALAR_FIELDS:  # an input not sent keeps SamplingParams' default
+        value = _scalar(arrays, name)
+        if value is not None:
+            scalars[field] = conv(value)
     params = SamplingParams(
         max_tokens=int(out_len),
         **scalars,

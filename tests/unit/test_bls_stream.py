@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tritonllm.error_names import with_client_names
+from tritonllm.errors import recovered_code
 from tritonllm.text import bls_stream as B
 from tritonllm.text import text_generation as G
 from tritonllm.text.preprocess import InvalidInput, preprocess
@@ -211,4 +212,4 @@ def test_ensemble_errors_name_the_client_input_too():
     ("engine step failed: RuntimeError", "INTERNAL"),
 ])
 def test_inner_error_codes_lost_by_the_bls_are_recovered_from_the_message(message, code):
-    assert B.recovered_code(message) == code
+    assert recovered_code(message) == code

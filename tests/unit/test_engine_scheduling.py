@@ -163,7 +163,7 @@ def test_a_waiting_request_times_out_without_being_scheduled(ckpt):
     [out] = [o for o in eng.step() if o.request_id == "w"]
     assert (out.finished, out.finish_reason, out.num_output_tokens, out.metrics.first_scheduled_ns) == \
         (True, "timeout", 0, 0)
-    assert eng.scheduler.waiting == type(eng.scheduler.waiting)() and "w" not in eng.scheduler.by_id
+    assert eng.scheduler.waiting == type(eng.scheduler.waiting)() and "w" not in eng.scheduler.requests
     _drain(eng)
     assert eng.num_free_blocks == eng.pool.num_blocks and eng.scheduler.timed == []
 

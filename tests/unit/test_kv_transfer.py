@@ -5,7 +5,8 @@ import torch
 
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.kv_transfer import KVPrefix, export_prefix, import_prefix, prefix_hashes
+from tritonllm.engine.kv_cache import prefix_hashes
+from tritonllm.engine.kv_transfer import KVPrefix, export_prefix, import_prefix
 from tritonllm.engine.request import SamplingParams
 from tritonllm.engine.runner import EngineRunner
 

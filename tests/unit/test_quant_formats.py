@@ -79,6 +79,18 @@ def test_unpacked_weights_equal_the_naive_dequantizer(method, act_order, bits, v
     assert torch.allclose(got.matmul(x, None), x @ ref.t(), atol=1e-5)    # the float path (no native set)
 
 
+def test_quantized_modules_are_the_architectures_projections():
+    from tritonllm.engine.models import ARCHITECTURES
+    phi3 = ARCHITECTURES["Phi3ForCausalLM"].projections()
+    assert phi3 == ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    t = pack_gptq(torch.randn(24, 64) * 0.1, False)
+    qcfg = {"quant_method": "gptq", "bits": 4, "group_size": GROUP}
+    got = load_prequantized({f"m.qkv_proj.{n}": v for n, v in t.items()}, qcfg, phi3)
+    assert type(got["m.qkv_proj.weight"]) is Int4Weight
+    with pytest.raises(ValueError, match="m.qkv_proj: quantized module outside"):
+        load_prequantized({f"m.qkv_proj.{n}": v for n, v in t.items()}, qcfg)   # Llama's names by default
+
+
 def test_gptq_v1_cannot_store_a_zero_point_of_zero():
     w = torch.rand(8, 64)                                                   # all >= 0: every zero point is 0
     cols = contiguous_groups(64, GROUP)

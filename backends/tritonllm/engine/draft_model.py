@@ -95,7 +95,7 @@ class DraftModel:
     def release(self, request_id: str) -> None:
         st = self.states.pop(request_id, None)
         if st is not None:
-            self.pool.release(st.blocks)
+            self.kv_manager.release(st.blocks)
 
     def _reserve(self, req: Request, last_pos: int) -> bool:
         st = self.states.setdefault(req.request_id, _State())

@@ -73,7 +73,7 @@ class LLMEngine:
                                cpu_kernels=self.config.cpu_kernels)
             extra = self.config.max_num_seqs * -(-self.config.max_draft_len // bs)  # lookahead slots
             self.drafter = DraftModel(draft, spec.vocab_size, num_blocks + extra, bs)
-        self.requests: dict[str, Request] = {}
+        self.requests = self.scheduler.requests  # id -> every request in the engine (the scheduler keeps it)
         self.stats = EngineStats()
         self.last_step = IterationStats(free_blocks=num_blocks)
         self._step_stats: IterationStats | None = None  # the running step's, until it has finished
@@ -145,7 +145,6 @@ class LLMEngine:
             req.embedding_bias = device_bias(params.embedding_bias, self.spec.vocab_size, self.model.device)
         if compiled is not None:
             req.matcher = self._grammar.matcher(compiled)
-        self.requests[request_id] = req
         self.scheduler.add(req)
         self.stats.prompt_tokens += len(req.prompt_ids)
 
@@ -323,7 +322,6 @@ class LLMEngine:
 
     def _drop(self, req: Request) -> None:
         """A request leaves the engine (finished or aborted): its KV blocks and drafter blocks are freed."""
-        self.requests.pop(req.request_id, None)
         self.scheduler.remove(req)
         if self.drafter is not None:
             self.drafter.release(req.request_id)

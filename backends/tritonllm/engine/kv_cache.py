@@ -43,6 +43,19 @@ def adapter_root(task_id: int | None) -> int | None:
     return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "little")
 
 
+def iter_prefix_hashes(token_ids, block_size: int, lora_task_id: int | None = None):
+    """Chained hashes of the blocks a prefix match may reuse, lazily (a caller that stops at the first miss
+    hashes no further): every full block except the one holding the last token, whose logits are needed."""
+    parent = adapter_root(lora_task_id)
+    for i in range((len(token_ids) - 1) // block_size):
+        parent = block_hash(parent, token_ids[i * block_size:(i + 1) * block_size])
+        yield parent
+
+
+def prefix_hashes(token_ids, block_size: int, lora_task_id: int | None = None) -> list[int]:
+    return list(iter_prefix_hashes(token_ids, block_size, lora_task_id))
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:

@@ -11,7 +11,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from .kv_cache import BlockPool, NoFreeBlocks, adapter_root, block_hash
+from .kv_cache import BlockPool, NoFreeBlocks, adapter_root, block_hash, iter_prefix_hashes
 from .request import Request
 
 
@@ -39,18 +39,14 @@ class KVCacheManager:
     def match_prefix(self, req: Request) -> int:
         """Points a fresh request at the cached blocks of its longest cached prefix; returns the tokens
         reused (a multiple of the block size)."""
-        bs = self.block_size
-        parent = adapter_root(req.params.lora_task_id)
-        for i in range((len(req.token_ids) - 1) // bs):
-            h = block_hash(parent, req.token_ids[i * bs:(i + 1) * bs])
+        for h in iter_prefix_hashes(req.token_ids, self.block_size, req.params.lora_task_id):
             b = self.pool.lookup(h)
             if b is None:
                 break
             self.pool.take(b)
             req.block_table.append(b)
             req.block_hashes.append(h)
-            parent = h
-        return len(req.block_table) * bs
+        return len(req.block_table) * self.block_size
 
     def cache_full_blocks(self, req: Request) -> None:
         """Publishes the request's blocks that became full and computed (prefix caching on)."""
@@ -65,7 +61,11 @@ class KVCacheManager:
             self.pool.register(req.block_table[i], h, parent, tokens)
             req.block_hashes.append(h)
 
+    def release(self, blocks: list[int]) -> None:
+        """Gives back blocks it handed out (a drafter's list)."""
+        self.pool.release(blocks)
+
     def free(self, req: Request) -> None:
-        self.pool.release(req.block_table)
+        self.release(req.block_table)
         req.block_table = []
         req.block_hashes = []

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import BlockPool, KVCache, adapter_root, block_hash
+from .kv_cache import BlockPool, KVCache, adapter_root, iter_prefix_hashes, prefix_hashes
 
 
 @dataclass
@@ -34,15 +34,6 @@ class KVPrefix:
     @property
     def num_blocks(self) -> int:
         return len(self.hashes)
-
-
-def prefix_hashes(prompt_ids: list[int], block_size: int, lora_task_id: int | None = None) -> list[int]:
-    """Chained hashes of the prompt blocks a prefix match can reuse (never the block holding the last token)."""
-    out, parent = [], adapter_root(lora_task_id)
-    for i in range((len(prompt_ids) - 1) // block_size):
-        parent = block_hash(parent, prompt_ids[i * block_size:(i + 1) * block_size])
-        out.append(parent)
-    return out
 
 
 def layout(kv: KVCache, num_blocks: int) -> tuple[tuple[int, ...], torch.dtype]:
@@ -60,7 +51,7 @@ def _slots(blocks: list[int], block_size: int, device) -> torch.Tensor:
 def export_prefix(pool: BlockPool, kv: KVCache, prompt_ids: list[int], lora_task_id: int | None = None) -> KVPrefix:
     """Copies the longest cached run of the prompt's reusable blocks (possibly none)."""
     hashes, blocks = [], []
-    for h in prefix_hashes(prompt_ids, kv.block_size, lora_task_id):
+    for h in iter_prefix_hashes(prompt_ids, kv.block_size, lora_task_id):
         b = pool.lookup(h)
         if b is None:
             break

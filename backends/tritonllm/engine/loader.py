@@ -82,7 +82,7 @@ def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
     weights = load_weights(model_dir)
     qcfg = checkpoint_quantization(model_dir)
     if qcfg is not None:
-        weights = load_prequantized(weights, qcfg)
+        weights = load_prequantized(weights, qcfg, spec.arch.projections())
         kind = "int8" if any(isinstance(w, Int8Weight) for w in weights.values()) else "int4"
         if quantization not in ("none", kind):
             raise ValueError(f"{model_dir} is a {qcfg.get('quant_method')} {kind} checkpoint: quantization must be "

@@ -33,7 +33,7 @@ import torch
 from .quant import Int4Weight, Int8Weight
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _fields(packed: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
@@ -143,13 +143,14 @@ def gptq_weight(qweight, qzeros, scales, g_idx, group: int, bits: int = 4, v2: b
     return _weight(codes, d, zeros, group, bits, perm)
 
 
-def load_prequantized(weights: dict, qcfg: dict) -> dict:
-    """Replaces every projection's packed tensors by one Int4Weight / Int8Weight under ``<name>.weight``."""
+def load_prequantized(weights: dict, qcfg: dict, projections: tuple[str, ...] = LLAMA_PROJECTIONS) -> dict:
+    """Replaces every projection's packed tensors by one Int4Weight / Int8Weight under ``<name>.weight``.
+    ``projections``: the architecture's linear module names (``Architecture.projections()``)."""
     method, group, bits = _check(qcfg)
     out = dict(weights)
     if method == "compressed-tensors":
         for name in [k[: -len(".weight_packed")] for k in weights if k.endswith(".weight_packed")]:
-            if name.rsplit(".", 1)[-1] not in PROJECTIONS:
+            if name.rsplit(".", 1)[-1] not in projections:
                 raise ValueError(f"{name}: quantized module outside the attention / MLP projections is not supported")
             if f"{name}.weight_g_idx" in out:
                 raise ValueError(f"{name}.weight_g_idx: activation-ordered compressed-tensors weights are not supported")
@@ -158,7 +159,7 @@ def load_prequantized(weights: dict, qcfg: dict) -> dict:
                                               out.pop(f"{name}.weight_shape"), group, bits)
         return out
     for name in [k[: -len(".qweight")] for k in weights if k.endswith(".qweight")]:
-        if name.rsplit(".", 1)[-1] not in PROJECTIONS:
+        if name.rsplit(".", 1)[-1] not in projections:
             raise ValueError(f"{name}: quantized module outside the attention / MLP projections is not supported")
         qw, qz, sc = (out.pop(f"{name}.{t}") for t in ("qweight", "qzeros", "scales"))
         g_idx = out.pop(f"{name}.g_idx", None)

@@ -10,13 +10,15 @@ Idea after vLLM v1's scheduler; see vllm/v1/core/sched/scheduler.py.
 
 Waiting queue invariants: preempted requests are at its head, in the order they are readmitted; behind
 them, requests are admitted by effective priority ``priority + waited / priority_aging_s`` (TensorRT-LLM's
-[0, 1], higher first), ties by arrival, so with equal priorities the queue is FIFO and is not sorted at
-all. A request with ``prefill_after`` (prefix caching on) is skipped, not blocking the ones behind it,
+[0, 1], higher first), ties by arrival. Aging raises every waiting request at the same rate, so that order
+never changes while they wait: ``add`` inserts in place (with equal priorities, at the end) and the queue
+is never re-sorted. A request with ``prefill_after`` (prefix caching on) is skipped, not blocking the ones behind it,
 while its sibling is in the engine and has not computed its prompt. ``clock`` is the time base of
 ``Request.arrival_time``, aging and deadlines (``allotted_time_ms``).
 """
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ class Scheduler:
         self.kv = KVCacheManager(pool, config.block_size, config.enable_prefix_caching)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.by_id: dict[str, Request] = {}   # every request in the scheduler, waiting or running
+        self.requests: dict[str, Request] = {}  # id -> every request in the scheduler, waiting or running
         self.timed: list[Request] = []        # those with a deadline
         self.clock = time.monotonic
         self.prefix_hits = 0      # prompt tokens reused from the prefix cache (first admissions)
@@ -48,8 +50,8 @@ class Scheduler:
         self.reused_blocks = 0    # blocks taken from the prefix cache (every admission)
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
-        self.by_id[req.request_id] = req
+        bisect.insort_right(self.waiting, req, key=self._admission_key)
+        self.requests[req.request_id] = req
         if req.deadline is not None:
             self.timed.append(req)
 
@@ -103,20 +105,13 @@ class Scheduler:
             running.sort(key=lambda r: -r.params.priority)  # stable: oldest first within a priority
         return running
 
-    def _waiting_order(self) -> list[Request]:
-        waiting = list(self.waiting)
-        if self._uniform(waiting):
-            return waiting                   # FIFO behind the preempted head: already in order
+    def _admission_key(self, r: Request):
+        """Sort key of the waiting queue: priority + (now - arrival) / aging, highest first, is in the order
+        of priority - arrival / aging whatever ``now`` is."""
+        if r.num_preemptions:                # only preempted requests are at the head (``_preempt``)
+            return (0, 0.0, 0.0)
         aging = self.config.priority_aging_s
-        now = self.clock()
-
-        def key(r: Request):
-            if r.num_preemptions:            # only preempted requests are at the head (``_preempt``)
-                return (0, 0.0, 0.0)         # stable sort: the head keeps its order
-            waited = (now - r.arrival_time) / aging if aging > 0 else 0.0
-            return (1, -(r.params.priority + waited), r.arrival_time)
-        waiting.sort(key=key)
-        return waiting
+        return (1, -(r.params.priority - (r.arrival_time / aging if aging > 0 else 0.0)), r.arrival_time)
 
     def _deferred(self, req: Request) -> bool:
         """Waits for the sibling's prompt to be in the prefix cache. Only a sibling without a
@@ -125,7 +120,7 @@ class Scheduler:
         sib_id = req.params.prefill_after
         if sib_id is None or not self.config.enable_prefix_caching or req.num_preemptions:
             return False
-        sib = self.by_id.get(sib_id)
+        sib = self.requests.get(sib_id)
         return (sib is not None and sib is not req and sib.params.prefill_after is None
                 and sib.num_computed < sib.num_prompt)
 
@@ -155,7 +150,7 @@ class Scheduler:
             self._preempt(req)               # nothing left to preempt: this one waits
             preempted.append(req)
         kept = scheduled_running + queue     # `queue` holds running requests the budget did not reach
-        order = self._waiting_order() if self.waiting and not preempted else []
+        order = list(self.waiting) if not preempted else []
         for req in order:
             if budget <= 0 or len(kept) >= self.config.max_num_seqs:
                 break
@@ -192,8 +187,8 @@ class Scheduler:
 
     def remove(self, req: Request) -> None:
         """Drop a request wherever it is and free its blocks (finish, abort, timeout)."""
-        if self.by_id.get(req.request_id) is req:
-            del self.by_id[req.request_id]
+        if self.requests.get(req.request_id) is req:
+            del self.requests[req.request_id]
         if req.deadline is not None and req in self.timed:
             self.timed.remove(req)
         if req in self.running:

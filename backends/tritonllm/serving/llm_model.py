@@ -34,7 +34,7 @@ from ..llm_jobs import CANCELLED, Jobs, coalesce
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
 from ..paths import model_parameters
 from .generator import BackendBuilder, GeneratorBackend
-from .triton_kit import read_inputs
+from .triton_kit import error_response, read_inputs, send_error
 
 
 class _TritonLogHandler(logging.Handler):
@@ -137,8 +137,7 @@ class LLMTritonModel:
         return None
 
     def _fail(self, sender, message, code):
-        pb = self.pb_utils
-        sender.send(pb.InferenceResponse(error=pb.TritonError(message, code)), flags=self.final_flag)
+        send_error(self.pb_utils, sender, message, code)
 
     def _stop(self, triton_id):
         if not triton_id:
@@ -178,7 +177,7 @@ class LLMTritonModel:
         flags = self.final_flag if reply.final else 0
         if reply.error is not None:
             code = pb.TritonError.CANCELLED if reply.code == CANCELLED else pb.TritonError.INTERNAL
-            response = pb.InferenceResponse(error=pb.TritonError(reply.error, code))
+            response = error_response(pb, reply.error, code)
         else:
             response = pb.InferenceResponse(output_tensors=[
                 pb.Tensor(k, v) for k, v in (reply.arrays or {}).items() if k in self.output_names])

@@ -42,7 +42,6 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,26 +77,6 @@ LLM_MAP: dict[str, tuple[str, str]] = {
 LLM_MAP.update({t.name: ("client", t.name) for t in C.ENGINE_REQUEST_INPUTS})
 # Inputs set here whatever the client says (see module docstring).
 _LLM_FORCED = {"exclude_input_in_output": np.array([[True]])}
-
-
-# Triton 2.51's BLS hands a composing model's error to the caller with code INTERNAL whatever the model
-# said (seen: preprocessing's INVALID_ARG arrives INTERNAL through exec(); through an ensemble it stays
-# INVALID_ARG). Our models' messages tell the codes apart, so the BLS and the routers recover them.
-_CODE_BY_MESSAGE = (
-    (re.compile(r"request cancelled"), "CANCELLED"),
-    (re.compile(r"Maximum queue size|shutting down|not ready|unavailable", re.I), "UNAVAILABLE"),
-    (re.compile(r"internal error|(pre|post)processing failed|engine step failed|[Ss]tub", re.I), "INTERNAL"),
-)
-
-
-def recovered_code(message: str) -> str:
-    """The code name (INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL) of an inner error that arrived as
-    INTERNAL (see _CODE_BY_MESSAGE): our backends' refusals of bad input carry no marker, so anything
-    not marked otherwise is INVALID_ARG."""
-    for pattern, code in _CODE_BY_MESSAGE:
-        if pattern.search(message):
-            return code
-    return "INVALID_ARG"
 
 
 def client_message(message: str) -> str:

@@ -30,6 +30,10 @@ class Architecture:
         """Fused projection -> the PEFT target module names whose deltas it takes, in row order."""
         return {"qkv": self.qkv, "o": ("o_proj",), "gate_up": self.gate_up, "down": ("down_proj",)}
 
+    def projections(self) -> tuple[str, ...]:
+        """The checkpoint's linear module names (attention, then MLP): what a quantized checkpoint may pack."""
+        return (*self.qkv, "o_proj", *self.gate_up, "down_proj")
+
     def has_attention_bias(self, cfg: Any) -> bool:
         return self.attention_bias if self.attention_bias is not None else bool(getattr(cfg, "attention_bias", False))
 
