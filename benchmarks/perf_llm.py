@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from clients.triton_llm import default_tokenizer_dir
-from perf_report import genai_perf_row, perf_analyzer_rows, plot, write_summary
+from perf_report import experiment_metrics, genai_perf_row, perf_analyzer_experiments, plot, ratios, write_summary
 
 TEXT = ("The lighthouse keeper climbed the stairs every evening, counting the steps as his father had taught "
         "him. Outside, the sea rolled grey and patient against the rocks, and the gulls argued over scraps "
@@ -118,49 +118,72 @@ def make_inputs(tokenizer_dir: Path, prompt_tokens: int, max_tokens: int, n: int
     return paths
 
 
-def run_perf_analyzer(env, url: str, model: str, input_path: Path, concurrency: list[int], requests: int,
-                      out_dir: Path, timeout_s: int) -> list[dict]:
-    """One perf_analyzer run per concurrency level (each with its own export), merged into rows."""
+def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, requests: int, export: Path,
+                        log: Path, timeout_s: int) -> list[dict]:
+    """One perf_analyzer run (one model, one level) -> its export's experiments. perf_analyzer 2.49
+    sometimes leaves an empty export after a full run, or stops writing one part way (both seen): an
+    export cut short keeps its complete requests; one with fewer than half the requests is run again
+    once, then reported with the log's path."""
+    cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", "grpc", "--async", "--streaming",
+           "--input-data", str(input_path), "--concurrency-range", f"{c}:{c}",
+           # A fixed number of requests, no stabilization windows: LLM requests on a shared CPU vary
+           # too much window to window for perf_analyzer's stability check to converge (seen).
+           "--request-count", str(max(requests, 2 * c)),
+           # No -f: with it, perf_analyzer 2.49 leaves the profile export empty (seen).
+           "--profile-export-file", str(export)]
+    for attempt in (1, 2):
+        export.unlink(missing_ok=True)  # perf_analyzer refuses an export path that exists
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        log.write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            raise RuntimeError(f"perf_analyzer failed ({proc.returncode}), log {log}:\n"
+                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+        try:
+            experiments = perf_analyzer_experiments(export)
+            kept = len(experiments[0].get("requests", [])) if experiments else 0
+            if kept < max(requests, 2 * c) // 2:
+                raise ValueError(f"{kept} complete requests in it")
+            if experiments[0].get("truncated"):
+                print(f"    export {export} cut short by perf_analyzer: metrics from its {kept} complete "
+                      "requests", flush=True)
+            return experiments
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            print(f"    export {export} unreadable ({type(e).__name__}: {e}); "
+                  f"{'running again' if attempt == 1 else 'giving up'}", flush=True)
+    raise SystemExit(f"perf_analyzer left no readable export {export} twice for {model} at concurrency {c}; "
+                     f"its log: {log}")
+
+
+def run_perf_analyzer(env, url: str, models: list[str], inputs: dict[str, Path], concurrency: list[int],
+                      requests: int, rounds: int, out_dir: Path, timeout_s: int) -> list[dict]:
+    """Per level, ``rounds`` rounds of every model in turn (ensemble, tensorrt_llm, ensemble, ...), each
+    round its own perf_analyzer run and export (small exports are cut short less often); a model's
+    rounds merge into one row. Interleaving puts the models side by side in
+    time, so drift of a shared machine falls on both."""
     rows = []
     for c in concurrency:
-        export = out_dir / f"pa_{model}_c{c}.json"
-        export.unlink(missing_ok=True)  # perf_analyzer refuses an export path that exists
-        cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", "grpc", "--async", "--streaming",
-               "--input-data", str(input_path), "--concurrency-range", f"{c}:{c}",
-               # A fixed number of requests, no stabilization windows: LLM requests on a shared CPU vary
-               # too much window to window for perf_analyzer's stability check to converge (seen).
-               "--request-count", str(max(requests, 2 * c)),
-               # No -f: with it, perf_analyzer 2.49 leaves the profile export empty (seen).
-               "--profile-export-file", str(export)]
-        print(f"==> perf_analyzer {model} concurrency {c}", flush=True)
-        tokens = json.loads(input_path.read_text())["data"][0]
-        max_tokens = (tokens.get("max_tokens") or tokens.get("request_output_len"))[0]
-        log = out_dir / f"pa_{model}_c{c}.log"
-        for attempt in (1, 2):  # perf_analyzer 2.49 sometimes leaves an empty export after a full run (seen)
-            export.unlink(missing_ok=True)
-            t0 = time.monotonic()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-            log.write_text(proc.stdout + proc.stderr)
-            if proc.returncode != 0:
-                raise RuntimeError(f"perf_analyzer failed ({proc.returncode}), log {log}:\n"
-                                   f"{(proc.stdout + proc.stderr)[-3000:]}")
-            try:
-                new = perf_analyzer_rows(export, model, max_tokens)
-                if not new:
-                    raise ValueError("no experiments in it")
-                break
-            except (OSError, ValueError, KeyError, IndexError) as e:
-                print(f"    export {export} unreadable ({type(e).__name__}: {e}); "
-                      f"{'running again' if attempt == 1 else 'giving up'}", flush=True)
-        else:
-            raise SystemExit(f"perf_analyzer left no readable export {export} twice for {model} at concurrency {c}; "
-                             f"its log: {log}")
-        for r in new:
-            print(f"    {r['requests']} requests in {time.monotonic() - t0:.0f} s: "
-                  f"{r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {r['ttft_p50_ms'] or 0:.1f} ms, "
-                  f"ITL p50 {r['itl_p50_ms'] or 0:.2f} ms", flush=True)
-        rows.extend(new)
+        experiments: dict[str, list[dict]] = {m: [] for m in models}
+        for i in range(rounds):
+            for model in models:
+                print(f"==> perf_analyzer {model} concurrency {c} round {i + 1}/{rounds}", flush=True)
+                name = f"pa_{model}_c{c}" + (f"_r{i + 1}" if rounds > 1 else "")
+                t0 = time.monotonic()
+                got = _perf_analyzer_once(env, url, model, inputs[model], c, requests,
+                                          out_dir / f"{name}.json", out_dir / f"{name}.log", timeout_s)
+                experiments[model] += got
+                r = experiment_metrics(got, _max_tokens(inputs[model]))
+                print(f"    {r['requests']} requests in {time.monotonic() - t0:.0f} s: "
+                      f"{r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {r['ttft_p50_ms'] or 0:.1f} ms, "
+                      f"ITL p50 {r['itl_p50_ms'] or 0:.2f} ms", flush=True)
+        for model in models:
+            rows.append({"source": "perf_analyzer", "model": model,
+                         **experiment_metrics(experiments[model], _max_tokens(inputs[model]))})
     return rows
+
+
+def _max_tokens(input_path: Path) -> int:
+    first = json.loads(input_path.read_text())["data"][0]
+    return (first.get("max_tokens") or first.get("request_output_len"))[0]
 
 
 def run_genai_perf(genai_bin: Path, pa_env: dict, url: str, tokenizer_dir: Path, concurrency: list[int],
@@ -202,7 +225,9 @@ def main(argv=None) -> int:
     p.add_argument("--url", help="gRPC host:port of a running server (default: start one on free ports)")
     p.add_argument("--models", default="ensemble,tensorrt_llm", help="comma list for perf_analyzer")
     p.add_argument("--concurrency", default="1,2,4,8", help="levels: 1,2,4,8 or start:end[:step]")
-    p.add_argument("--requests", type=int, default=16, help="requests measured per level (>= 2 x concurrency)")
+    p.add_argument("--requests", type=int, default=16, help="requests per level and round (>= 2 x concurrency)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds per level, the models interleaved (each round its own perf_analyzer run)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--tokenizer-dir", type=Path, default=default_tokenizer_dir())
@@ -233,9 +258,8 @@ def main(argv=None) -> int:
         server.start(timeout=300)
         url = server.grpc_url
     try:
-        rows = []
-        for model in [m for m in args.models.split(",") if m]:
-            rows += run_perf_analyzer(env, url, model, inputs[model], levels, args.requests, out, args.timeout)
+        models = [m for m in args.models.split(",") if m]
+        rows = run_perf_analyzer(env, url, models, inputs, levels, args.requests, args.rounds, out, args.timeout)
         if args.genai_perf != "skip" and genai_bin.exists():
             rows += run_genai_perf(genai_bin, env, url, args.tokenizer_dir, parse_levels(args.genai_concurrency),
                                    args.prompt_tokens, args.max_tokens, args.requests, out, args.timeout)
@@ -246,6 +270,11 @@ def main(argv=None) -> int:
             server.stop()
     csv_path, json_path = write_summary(rows, out)
     png = plot(rows, out / "perf.png", f"prompt {args.prompt_tokens} tokens, {args.max_tokens} generated, CPU")
+    if {"ensemble", "tensorrt_llm"} <= set(models):
+        for r in ratios(rows, "ensemble", "tensorrt_llm"):
+            ttft = f"{r['ttft_p50_ratio']:.2f}x" if r["ttft_p50_ratio"] else "n/a"
+            print(f"==> ensemble / tensorrt_llm at concurrency {r['concurrency']}: output tok/s "
+                  f"{r['tok_s_ratio']:.2f}x, TTFT p50 {ttft}", flush=True)
     print(f"==> {csv_path}\n==> {json_path}\n==> {png}")
     return 0
 

@@ -32,26 +32,30 @@ def _pct(values: list[float], p: int) -> float | None:
     return float(np.percentile(values, p)) if values else None
 
 
-def experiment_metrics(experiment: dict[str, Any], tokens_per_request: int | None) -> dict[str, Any]:
-    """Metrics of one perf_analyzer experiment (one concurrency level)."""
-    ttft, itl, latency, tokens = [], [], [], 0
-    first_send, last_response = None, None
-    for r in experiment.get("requests", []):
-        stamps = sorted(r.get("response_timestamps") or [])
-        if not stamps:
-            continue
-        sent = r["timestamp"]
-        ttft.append((stamps[0] - sent) / 1e6)
-        latency.append((stamps[-1] - sent) / 1e6)
-        n = tokens_per_request if tokens_per_request else len(stamps)
-        tokens += n
-        if len(stamps) > 1 and n > 1:
-            itl.append((stamps[-1] - stamps[0]) / 1e6 / (n - 1))
-        first_send = sent if first_send is None else min(first_send, sent)
-        last_response = stamps[-1] if last_response is None else max(last_response, stamps[-1])
-    span_s = (last_response - first_send) / 1e9 if ttft and last_response > first_send else None
+def experiment_metrics(experiment: dict[str, Any] | list[dict[str, Any]], tokens_per_request: int | None) -> dict[str, Any]:
+    """Metrics of one perf_analyzer experiment (one concurrency level), or of several rounds of the same
+    level run apart (their spans add up; percentiles are over all their requests)."""
+    rounds = experiment if isinstance(experiment, list) else [experiment]
+    ttft, itl, latency, tokens, span_s = [], [], [], 0, 0.0
+    for exp in rounds:
+        first_send, last_response = None, None
+        for r in exp.get("requests", []):
+            stamps = sorted(r.get("response_timestamps") or [])
+            if not stamps:
+                continue
+            sent = r["timestamp"]
+            ttft.append((stamps[0] - sent) / 1e6)
+            latency.append((stamps[-1] - sent) / 1e6)
+            n = tokens_per_request if tokens_per_request else len(stamps)
+            tokens += n
+            if len(stamps) > 1 and n > 1:
+                itl.append((stamps[-1] - stamps[0]) / 1e6 / (n - 1))
+            first_send = sent if first_send is None else min(first_send, sent)
+            last_response = stamps[-1] if last_response is None else max(last_response, stamps[-1])
+        if first_send is not None and last_response > first_send:
+            span_s += (last_response - first_send) / 1e9
     row: dict[str, Any] = {
-        "concurrency": experiment["experiment"]["value"],
+        "concurrency": rounds[0]["experiment"]["value"],
         "requests": len(ttft),
         "request_throughput_per_s": len(ttft) / span_s if span_s else None,
         "output_tokens_per_s": tokens / span_s if span_s else None,
@@ -63,11 +67,55 @@ def experiment_metrics(experiment: dict[str, Any], tokens_per_request: int | Non
     return row
 
 
+def perf_analyzer_experiments(export_path: str | Path) -> list[dict]:
+    """The export's experiments. perf_analyzer 2.49 sometimes stops writing an export part way (seen at
+    1.1 to 4 MiB, exit code 0; the file ends mid-record): then the first experiment's complete requests
+    are kept and the experiment is marked ``truncated``."""
+    text = Path(export_path).read_text()
+    try:
+        return json.loads(text).get("experiments", [])
+    except json.JSONDecodeError:
+        return _salvaged(text)
+
+
+def _salvaged(text: str) -> list[dict]:
+    decoder = json.JSONDecoder()
+    head = text.find('"experiment":')
+    start = text.find('"requests":[', head)
+    if head < 0 or start < 0:
+        raise ValueError("export holds no experiment")
+    experiment, _ = decoder.raw_decode(text, head + len('"experiment":'))
+    requests, pos = [], start + len('"requests":[')
+    while True:
+        try:
+            record, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        requests.append(record)
+        if end >= len(text) or text[end] != ",":
+            break
+        pos = end + 1
+    return [{"experiment": experiment, "requests": requests, "truncated": True}]
+
+
 def perf_analyzer_rows(export_path: str | Path, model: str, tokens_per_request: int | None) -> list[dict]:
-    data = json.loads(Path(export_path).read_text())
     rows = [{"source": "perf_analyzer", "model": model, **experiment_metrics(e, tokens_per_request)}
-            for e in data.get("experiments", [])]
+            for e in perf_analyzer_experiments(export_path)]
     return sorted(rows, key=lambda r: r["concurrency"])
+
+
+def ratios(rows: list[dict], model: str, base: str) -> list[dict]:
+    """Per concurrency level measured for both: model / base output tok/s and TTFT p50 (same invocation,
+    same server: the comparison that survives a noisy machine)."""
+    by = {(r["model"], r["concurrency"]): r for r in rows if r["source"] == "perf_analyzer"}
+    out = []
+    for (m, c), r in sorted(by.items(), key=lambda kv: kv[0][1]):
+        b = by.get((base, c))
+        if m != model or b is None or not r["output_tokens_per_s"] or not b["output_tokens_per_s"]:
+            continue
+        out.append({"concurrency": c, "tok_s_ratio": r["output_tokens_per_s"] / b["output_tokens_per_s"],
+                    "ttft_p50_ratio": (r["ttft_p50_ms"] / b["ttft_p50_ms"]) if b["ttft_p50_ms"] else None})
+    return out
 
 
 def genai_perf_row(export_path: str | Path, model: str, concurrency: int) -> dict[str, Any]:

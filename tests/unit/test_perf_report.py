@@ -7,7 +7,8 @@ import json
 import pytest
 
 
-from benchmarks.perf_report import FIELDS, experiment_metrics, perf_analyzer_rows, write_summary  # noqa: E402
+from benchmarks.perf_report import (FIELDS, experiment_metrics, perf_analyzer_experiments, perf_analyzer_rows,
+                                     ratios, write_summary)
 
 MS = 1_000_000
 
@@ -51,3 +52,34 @@ def test_requests_without_responses_are_not_counted(tmp_path):
     header = next(csv.reader(csv_path.open()))
     assert header == FIELDS
     assert json.loads(json_path.read_text())[0]["model"] == "ensemble"
+
+
+def test_rounds_of_one_level_add_their_spans():
+    # Two rounds run apart (an hour between them): throughput is over the two spans, not the gap.
+    one = {"experiment": {"value": 1}, "requests": [_request(0, 10, 10, 10)]}           # span 100 ms
+    two = {"experiment": {"value": 1}, "requests": [_request(3.6e6, 3.6e6 + 10, 30, 10)]}  # span 280 ms
+    row = experiment_metrics([one, two], 10)
+    assert row["requests"] == 2
+    assert row["output_tokens_per_s"] == pytest.approx(20 / 0.380)
+    assert row["ttft_p50_ms"] == pytest.approx(10.0)
+
+
+def test_an_export_cut_short_keeps_its_complete_requests(tmp_path):
+    export = {"experiments": [{"experiment": {"mode": "concurrency", "value": 2},
+                               "requests": [_request(0, 3, 1, 2), _request(1, 5, 1, 2), _request(2, 6, 1, 2)]}]}
+    text = json.dumps(export, separators=(",", ":"))
+    path = tmp_path / "pa.json"
+    path.write_text(text[: text.index('{"timestamp":2000000') + 25])  # ends inside the third request
+    (exp,) = perf_analyzer_experiments(path)
+    assert exp["truncated"] and exp["experiment"]["value"] == 2
+    assert [r["timestamp"] for r in exp["requests"]] == [0, MS]
+    path.write_text(text)
+    assert "truncated" not in perf_analyzer_experiments(path)[0]
+
+
+def test_ratios_pair_the_models_per_level():
+    rows = [{"source": "perf_analyzer", "model": m, "concurrency": c, "output_tokens_per_s": t, "ttft_p50_ms": f}
+            for m, c, t, f in (("ensemble", 1, 80.0, 12.0), ("tensorrt_llm", 1, 100.0, 8.0),
+                               ("ensemble", 8, 300.0, 20.0))]
+    assert ratios(rows, "ensemble", "tensorrt_llm") == [
+        {"concurrency": 1, "tok_s_ratio": pytest.approx(0.8), "ttft_p50_ratio": pytest.approx(1.5)}]
