@@ -172,6 +172,8 @@ void decode_attention(const torch::Tensor& qkv, const torch::Tensor& kc, const t
 }  // namespace
 
 void register_attention(pybind11::module& m) {
-  m.def("rope_store", &rope_store, "in-place RoPE of q, k heads in qkv; k, v into the paged cache");
-  m.def("decode_attention", &decode_attention, "one-token attention per sequence over its cache slots");
+  m.def("rope_store", &rope_store, "in-place RoPE of q, k heads in qkv; k, v into the paged cache",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("decode_attention", &decode_attention, "one-token attention per sequence over its cache slots",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -98,7 +98,10 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
 }  // namespace
 
 void register_elementwise(pybind11::module& m) {
-  m.def("rms_norm", &rms_norm, "w * x / sqrt(mean(x^2) + eps) per row");
-  m.def("add_rms_norm", &add_rms_norm, "h += d in place, then rms_norm(h)");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of [gate | up]");
+  m.def("rms_norm", &rms_norm, "w * x / sqrt(mean(x^2) + eps) per row",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("add_rms_norm", &add_rms_norm, "h += d in place, then rms_norm(h)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of [gate | up]",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }

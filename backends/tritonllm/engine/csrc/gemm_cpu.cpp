@@ -93,10 +93,14 @@ void register_attention(pybind11::module& m);    // attention_cpu.cpp
 void register_elementwise(pybind11::module& m);  // elementwise_cpu.cpp
 void register_qgemm(pybind11::module& m);        // qgemm_cpu.cpp
 
+// Every function is bound with the GIL released (call_guard), as torch's own operators are: a step's
+// kernels hold no Python lock, so the serving process's other Python threads (Triton's request thread, the
+// responder sending streamed tokens) run during them instead of waiting up to a switch interval (5 ms).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_attention(m);
   register_elementwise(m);
   register_qgemm(m);
   m.def("linear", &linear, "y = x W^T (+ b), fp32, AVX2 + FMA", pybind11::arg("x"), pybind11::arg("w"),
-        pybind11::arg("b") = pybind11::none());
+        pybind11::arg("b") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -347,13 +347,17 @@ void register_qgemm(pybind11::module& mod) {
   mod.def("linear_q8x8", &linear_q8x8,
           "y = x W^T (+ b), W int8 8 rows interleaved, per row (d [G, 8]) or per 32-block (d, m [G, K/32, 8])",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true),
-          pybind11::arg("b").none(true), pybind11::arg("N"));
+          pybind11::arg("b").none(true), pybind11::arg("N"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("linear_q4x8", &linear_q4x8, "y = x W^T (+ b), W int4 8 rows interleaved per 32-block (d, m [G, K/32, 8])",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
-          pybind11::arg("b").none(true), pybind11::arg("N"));
+          pybind11::arg("b").none(true), pybind11::arg("N"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("dequant_x8", &dequant_x8, "the float weight [N, K] of an interleaved int8 / int4 layout",
-          pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true), pybind11::arg("N"));
+          pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true), pybind11::arg("N"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("linear_f8", &linear_f8, "y = x W^T (+ b), W float8_e4m3fn per channel, converted in registers",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("lut"),
-          pybind11::arg("b") = pybind11::none());
+          pybind11::arg("b") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }
