@@ -8,9 +8,11 @@ genai-perf ``profile --backend tensorrtllm`` against `ensemble`; CSV/JSON + a pl
 
 What it measures (see perf_report.py): per concurrency, output tokens/s, requests/s, TTFT and inter-token
 latency p50/p95/p99. Every request generates exactly ``--max-tokens`` tokens (end_id = -1 disables EOS), so
-token counts are exact and the two models are compared on the same work. Prompts are windows of
-``--prompt-tokens`` tokens of a fixed text, tokenized with the served tokenizer (token ids for
-`tensorrt_llm`, their text for `ensemble`).
+token counts are exact and the two models are compared on the same work. Prompts are about
+``--prompt-tokens`` tokens of a fixed text, each request's its own (a numbered head: no prefix-cache hits
+between requests, see ``Prompts``); `ensemble` gets the text, `tensorrt_llm` the ids preprocessing makes of
+it. ``--rounds`` interleaves the models (ensemble, tensorrt_llm, ensemble, ...) and the ratios of the two
+are printed: compare models within one invocation, not absolute figures across machines or runs.
 
 Needs: perf_analyzer from the tritonclient wheel. It links libcudart and libb64 even on CPU: the CUDA
 runtime comes from the ``nvidia-cuda-runtime-cu12`` wheel (the ``bench`` extra), libb64 from the system or,
@@ -97,25 +99,43 @@ def perf_analyzer_env(lib_dir: Path = ROOT / "build" / "perf" / "lib") -> dict[s
     return env
 
 
-def make_inputs(tokenizer_dir: Path, prompt_tokens: int, max_tokens: int, n: int, out_dir: Path) -> dict[str, Path]:
-    """perf_analyzer --input-data files for `ensemble` (text) and `tensorrt_llm` (token ids)."""
-    from transformers import AutoTokenizer
+class Prompts:
+    """Distinct prompts for every perf_analyzer run, as both models receive them.
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=False)
-    ids = tok(TEXT * 8, add_special_tokens=False).input_ids
-    step = max(1, (len(ids) - prompt_tokens) // n)
-    windows = [ids[i * step:i * step + prompt_tokens] for i in range(n)]
-    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
-    common = {"max_tokens": [max_tokens], "stream": [True], "end_id": [-1]}
-    ensemble = {"data": [{"text_input": [tok.decode(w)], **common} for w in windows]}
-    llm = {"data": [{"input_ids": {"content": bos + w, "shape": [len(bos) + len(w)]},
-                     "input_lengths": [len(bos) + len(w)], "request_output_len": [max_tokens],
-                     "streaming": [True], "end_id": [-1]} for w in windows]}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"ensemble": out_dir / "input_ensemble.json", "tensorrt_llm": out_dir / "input_tensorrt_llm.json"}
-    paths["ensemble"].write_text(json.dumps(ensemble))
-    paths["tensorrt_llm"].write_text(json.dumps(llm))
-    return paths
+    Each prompt starts with its own number ("Request 17:"), so no two requests of a whole invocation share
+    a KV block and the prefix cache never serves one from another (the ensemble's run and then the
+    tensorrt_llm run on the same prompts would otherwise compare a cold prefill with a cached one). The
+    token ids sent to `tensorrt_llm` are the ids preprocessing makes of the text sent to `ensemble`
+    (specials included), so both models do the same work."""
+
+    def __init__(self, tokenizer_dir: Path, prompt_tokens: int, max_tokens: int, out_dir: Path):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=False)
+        self.base = self.tok(TEXT * 8, add_special_tokens=False).input_ids
+        self.prompt_tokens, self.max_tokens, self.out_dir = prompt_tokens, max_tokens, out_dir
+        self.used = 0
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def _text(self, i: int) -> str:
+        head = self.tok(f"Request {i}:", add_special_tokens=False).input_ids
+        offset = (7 * i) % max(1, len(self.base) - self.prompt_tokens)
+        return self.tok.decode(head + self.base[offset:offset + max(1, self.prompt_tokens - len(head))])
+
+    def file(self, model: str, name: str, n: int) -> Path:
+        """A --input-data file of ``n`` prompts never used before in this invocation."""
+        texts = [self._text(self.used + i) for i in range(n)]
+        self.used += n
+        if model == "ensemble":
+            data = [{"text_input": [t], "max_tokens": [self.max_tokens], "stream": [True], "end_id": [-1]}
+                    for t in texts]
+        else:
+            ids = [self.tok(t).input_ids for t in texts]
+            data = [{"input_ids": {"content": i, "shape": [len(i)]}, "input_lengths": [len(i)],
+                     "request_output_len": [self.max_tokens], "streaming": [True], "end_id": [-1]} for i in ids]
+        path = self.out_dir / f"input_{name}.json"
+        path.write_text(json.dumps({"data": data}))
+        return path
 
 
 def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, requests: int, export: Path,
@@ -123,7 +143,7 @@ def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, req
     """One perf_analyzer run (one model, one level) -> its export's experiments. perf_analyzer 2.49
     sometimes leaves an empty export after a full run, or stops writing one part way (both seen): an
     export cut short keeps its complete requests; one with fewer than half the requests is run again
-    once, then reported with the log's path."""
+    once (the second run's export needs at least ``c`` requests), then reported with the log's path."""
     cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", "grpc", "--async", "--streaming",
            "--input-data", str(input_path), "--concurrency-range", f"{c}:{c}",
            # A fixed number of requests, no stabilization windows: LLM requests on a shared CPU vary
@@ -141,7 +161,7 @@ def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, req
         try:
             experiments = perf_analyzer_experiments(export)
             kept = len(experiments[0].get("requests", [])) if experiments else 0
-            if kept < max(requests, 2 * c) // 2:
+            if kept < (max(requests, 2 * c) // 2 if attempt == 1 else c):  # the retry takes what it can get
                 raise ValueError(f"{kept} complete requests in it")
             if experiments[0].get("truncated"):
                 print(f"    export {export} cut short by perf_analyzer: metrics from its {kept} complete "
@@ -154,7 +174,7 @@ def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, req
                      f"its log: {log}")
 
 
-def run_perf_analyzer(env, url: str, models: list[str], inputs: dict[str, Path], concurrency: list[int],
+def run_perf_analyzer(env, url: str, models: list[str], prompts: Prompts, concurrency: list[int],
                       requests: int, rounds: int, out_dir: Path, timeout_s: int) -> list[dict]:
     """Per level, ``rounds`` rounds of every model in turn (ensemble, tensorrt_llm, ensemble, ...), each
     round its own perf_analyzer run and export (small exports are cut short less often); a model's
@@ -166,24 +186,20 @@ def run_perf_analyzer(env, url: str, models: list[str], inputs: dict[str, Path],
         for i in range(rounds):
             for model in models:
                 print(f"==> perf_analyzer {model} concurrency {c} round {i + 1}/{rounds}", flush=True)
-                name = f"pa_{model}_c{c}" + (f"_r{i + 1}" if rounds > 1 else "")
+                name = f"{model}_c{c}" + (f"_r{i + 1}" if rounds > 1 else "")
+                n = max(requests, 2 * c)
                 t0 = time.monotonic()
-                got = _perf_analyzer_once(env, url, model, inputs[model], c, requests,
-                                          out_dir / f"{name}.json", out_dir / f"{name}.log", timeout_s)
+                got = _perf_analyzer_once(env, url, model, prompts.file(model, name, n), c, requests,
+                                          out_dir / f"pa_{name}.json", out_dir / f"pa_{name}.log", timeout_s)
                 experiments[model] += got
-                r = experiment_metrics(got, _max_tokens(inputs[model]))
+                r = experiment_metrics(got, prompts.max_tokens)
                 print(f"    {r['requests']} requests in {time.monotonic() - t0:.0f} s: "
                       f"{r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {r['ttft_p50_ms'] or 0:.1f} ms, "
                       f"ITL p50 {r['itl_p50_ms'] or 0:.2f} ms", flush=True)
         for model in models:
             rows.append({"source": "perf_analyzer", "model": model,
-                         **experiment_metrics(experiments[model], _max_tokens(inputs[model]))})
+                         **experiment_metrics(experiments[model], prompts.max_tokens)})
     return rows
-
-
-def _max_tokens(input_path: Path) -> int:
-    first = json.loads(input_path.read_text())["data"][0]
-    return (first.get("max_tokens") or first.get("request_output_len"))[0]
 
 
 def run_genai_perf(genai_bin: Path, pa_env: dict, url: str, tokenizer_dir: Path, concurrency: list[int],
@@ -231,6 +247,10 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--tokenizer-dir", type=Path, default=default_tokenizer_dir())
+    p.add_argument("--gpt-model-path", type=Path,
+                   help="serve this checkpoint instead of deployment.yaml's, e.g. build/models/bench (the 124.7M "
+                        "Llama of bench_model.py; a checkpoint without tokenizer.json gets the made-up BPE "
+                        "tokenizer of benchmarks/peers over its vocabulary, which also replaces --tokenizer-dir)")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "perf")
     p.add_argument("--genai-perf", choices=("auto", "skip", "require"), default="auto",
                    help="auto: run it when --genai-venv has it")
@@ -243,23 +263,34 @@ def main(argv=None) -> int:
     levels = parse_levels(args.concurrency)
     # Absolute: genai-perf runs with the output folder as its working directory.
     out, args.tokenizer_dir, args.genai_venv = args.out.resolve(), args.tokenizer_dir.resolve(), args.genai_venv.resolve()
-    inputs = make_inputs(args.tokenizer_dir, args.prompt_tokens, args.max_tokens, 8, out)
+    if args.gpt_model_path is not None and not (args.gpt_model_path / "tokenizer.json").exists():
+        from peers.setup_envs import model_with_tokenizer  # the bench model: a made-up BPE over its ids
+
+        args.gpt_model_path = args.tokenizer_dir = Path(model_with_tokenizer(str(args.gpt_model_path.resolve())))
+    prompts = Prompts(args.tokenizer_dir, args.prompt_tokens, args.max_tokens, out)
     genai_bin = args.genai_venv / "bin" / "genai-perf"
     if args.genai_perf == "require" and not genai_bin.exists():
         raise SystemExit(f"{genai_bin} not found: make perf creates it (or --genai-perf skip)")
 
-    server = None
+    server, repos = None, None
     url = args.url
     if url is None:
         from tritonllm.serving.launcher import TritonServer, find_free_ports
 
-        server = TritonServer(*find_free_ports(3), log_path=ROOT / "build" / "logs" / "perf-tritonserver.log")
+        if args.gpt_model_path is not None:  # a throwaway repository: the rendered configs, this checkpoint
+            from triton_bench import _repository
+
+            repos = [_repository(str(args.gpt_model_path), "auto", max(levels),
+                                 args.prompt_tokens + args.max_tokens + 64, text=True,
+                                 tokenizer_dir=str(args.tokenizer_dir))]
+        server = TritonServer(*find_free_ports(3), **({"repositories": repos} if repos else {}),
+                              log_path=ROOT / "build" / "logs" / "perf-tritonserver.log")
         print(f"==> starting tritonserver (log {server.log_path})", flush=True)
         server.start(timeout=300)
         url = server.grpc_url
     try:
         models = [m for m in args.models.split(",") if m]
-        rows = run_perf_analyzer(env, url, models, inputs, levels, args.requests, args.rounds, out, args.timeout)
+        rows = run_perf_analyzer(env, url, models, prompts, levels, args.requests, args.rounds, out, args.timeout)
         if args.genai_perf != "skip" and genai_bin.exists():
             rows += run_genai_perf(genai_bin, env, url, args.tokenizer_dir, parse_levels(args.genai_concurrency),
                                    args.prompt_tokens, args.max_tokens, args.requests, out, args.timeout)
@@ -268,6 +299,8 @@ def main(argv=None) -> int:
     finally:
         if server is not None:
             server.stop()
+            for repo in repos or []:
+                shutil.rmtree(repo, ignore_errors=True)
     csv_path, json_path = write_summary(rows, out)
     png = plot(rows, out / "perf.png", f"prompt {args.prompt_tokens} tokens, {args.max_tokens} generated, CPU")
     if {"ensemble", "tensorrt_llm"} <= set(models):

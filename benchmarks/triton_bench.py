@@ -22,7 +22,10 @@ _SOURCES = {"tensorrt_llm": "model_repository/tensorrt_llm", "preprocessing": "m
             "postprocessing": "model_repository/postprocessing", "ensemble": "ensembles/ensemble"}
 
 
-def _repository(model_dir: str, dtype: str, batch: int, seq: int, text: bool = False) -> str:
+def _repository(model_dir: str, dtype: str, batch: int, seq: int, text: bool = False,
+                tokenizer_dir: str | None = None) -> str:
+    """A throwaway repository (tensorrt_llm; with ``text`` the ensemble and its steps too) over the
+    rendered configs, serving ``model_dir`` (tokenizer: ``tokenizer_dir``, default the checkpoint's)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -34,7 +37,7 @@ def _repository(model_dir: str, dtype: str, batch: int, seq: int, text: bool = F
         cfg = model_config_pb2.ModelConfig()
         with open(os.path.join(ROOT, _SOURCES[name], "config.pbtxt")) as f:
             text_format.Parse(f.read(), cfg)
-        overrides = {"tokenizer_dir": model_dir}
+        overrides = {"tokenizer_dir": os.path.abspath(tokenizer_dir or model_dir)}
         if name == "tensorrt_llm":
             overrides.update({"gpt_model_path": model_dir, "engine_dtype": dtype, "lora_adapters": "",
                               "max_tokens_in_paged_kv_cache": str(batch * seq + 256),
