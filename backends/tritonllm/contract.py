@@ -157,7 +157,14 @@ ENGINE_STREAM_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("is_final", "TYPE_BOOL", (1,), nvidia=False),
 )
 
-TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS, *TOP_LOGPROB_OUTPUTS)
+# Not NVIDIA's either: the response's text, decoded by the engine's responder exactly as the postprocessing
+# step decodes it (the same incremental detokenizer, one per sequence). Sent to requests of our ensemble
+# (they carry ensemble_names) whose step maps it, i.e. the two-step ensemble (ensemble_steps(text_in_llm=
+# True)): one Python round trip per streamed token fewer than NVIDIA's three steps. Direct callers get none.
+LLM_TEXT_OUTPUT = Tensor("text_output", "TYPE_STRING", (-1,), nvidia=False)
+
+TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS, *TOP_LOGPROB_OUTPUTS,
+                                           LLM_TEXT_OUTPUT)
 
 # --------------------------------------------------------------------------- preprocessing (tokenizer)
 # QUERY and REQUEST_OUTPUT_LEN: optional here, required by the step itself (see TEXT_INPUTS).
@@ -293,9 +300,16 @@ ENGINE_WIRING: tuple[tuple[str, str, str, str, str], ...] = (
 )
 
 
-def ensemble_steps(*, engine_stream_keys: bool = True) -> tuple[tuple[str, dict[str, str], dict[str, str]], ...]:
+def ensemble_steps(*, engine_stream_keys: bool = True,
+                   text_in_llm: bool = False) -> tuple[tuple[str, dict[str, str], dict[str, str]], ...]:
     """The ensemble's steps. ``engine_stream_keys=False`` (an engine that does not emit request_key /
-    is_final, e.g. NVIDIA's tensorrtllm backend in the GPU profile) gives NVIDIA's wiring unchanged."""
+    is_final, e.g. NVIDIA's tensorrtllm backend in the GPU profile) gives NVIDIA's wiring unchanged.
+    ``text_in_llm`` (our engine only): two steps, tensorrt_llm's ``text_output`` is the ensemble's, and no
+    postprocessing step; the ensemble's inputs and outputs are the same."""
+    if text_in_llm:
+        pre, (llm, llm_in, llm_out), _ = ensemble_steps(engine_stream_keys=engine_stream_keys)
+        out = {k: v for k, v in llm_out.items() if v in {t.name for t in TEXT_OUTPUTS}}  # not the internal ones
+        return pre, (llm, llm_in, {**out, LLM_TEXT_OUTPUT.name: "text_output"})
     if not engine_stream_keys:
         return NVIDIA_ENSEMBLE_STEPS
     steps = []

@@ -13,6 +13,9 @@ read from their source):
   batch order (NVIDIA refuses batches here; we answer them);
 - a ``stop`` request ends its target rows normally, with the tokens produced so far (a streaming row:
   a last response with no new tokens, so the ensemble's postprocessing flushes);
+- ``stream_interval`` n > 1 (ours, as SGLang's): a streaming row sends its first token at once, then
+  holds tokens until n are pending or it finishes, so each later response carries n tokens (the last
+  one, the rest); the tokens and their order are unchanged;
 - a client cancellation answers CANCELLED; an engine error answers INTERNAL; either ends the whole job
   (its other rows are aborted) with one final error reply.
 
@@ -84,6 +87,8 @@ class Row:
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     num_out: int = 0
+    held: RequestOutput | None = None     # streamed tokens not sent yet (stream_interval)
+    detok: Any = None                     # IncrementalDetokenizer when the caller asked for text_output
 
     def timings(self) -> tuple[float | None, float | None]:
         """(time to first token, mean time per later output token) as the client saw them."""
@@ -124,12 +129,15 @@ def sequence_params(params: SamplingParams, n: int) -> list[SamplingParams]:
 
 
 class Jobs:
-    def __init__(self) -> None:
+    def __init__(self, stream_interval: int = 1) -> None:
+        self.stream_interval = stream_interval
         self._lock = threading.Lock()
         self._rows: dict[str, Row] = {}
         self._ids = itertools.count()
 
-    def add(self, sender, triton_id: str, batch: ParsedBatch, decoupled: bool) -> Job:
+    def add(self, sender, triton_id: str, batch: ParsedBatch, decoupled: bool, detokenizer=None) -> Job:
+        """``detokenizer``: a factory of IncrementalDetokenizer when the caller asked for ``text_output``
+        (each row then answers its text too, as the postprocessing step would)."""
         job = Job(sender, triton_id, decoupled, batch_size=len(batch.rows))
         with self._lock:
             for i, parsed in enumerate(batch.rows):
@@ -140,7 +148,8 @@ class Jobs:
                         first = rid
                     else:
                         params.prefill_after = first
-                    job.rows.append(Row(job, i, rid, parsed, params, seq))
+                    job.rows.append(Row(job, i, rid, parsed, params, seq,
+                                        detok=detokenizer() if detokenizer else None))
             job.pending = len(job.rows)
             job.done = [None] * len(job.rows)
             self._rows.update((row.rid, row) for row in job.rows)
@@ -210,11 +219,22 @@ class Jobs:
         sequence_index = row.seq if req.num_sequences > 1 else None
 
         def arrays(ids, logprobs, top):
-            return response_arrays(ids, logprobs, out.cum_logprob, out.num_prompt_tokens, req.flags, out.metrics,
-                                   batch_index, int(row.rid), out.finished, sequence_index, top)
+            got = response_arrays(ids, logprobs, out.cum_logprob, out.num_prompt_tokens, req.flags, out.metrics,
+                                  batch_index, int(row.rid), out.finished, sequence_index, top)
+            if row.detok is not None:  # postprocessing's OUTPUT: [1] UTF-8 bytes, the exact delta
+                text = row.detok.finish(ids) if out.finished else row.detok.add(ids)
+                got["text_output"] = np.array([text.encode("utf-8")], dtype=object)
+            return got
 
         if req.streaming:  # decoupled only (unary refuses streaming); a finished stream ends with data
             if not (out.new_token_ids or out.finished):
+                return []
+            if row.held is not None:
+                out = coalesce([row.held, out])[0]
+                row.held = None
+            if not out.finished and row.num_out > len(out.new_token_ids) \
+                    and len(out.new_token_ids) < self.stream_interval:
+                row.held = out                # not the first token, not a full interval yet
                 return []
             last = out.finished and job.pending == 0
             return [Reply(job.sender, arrays(out.new_token_ids, out.new_logprobs, out.new_top_logprobs), final=last)]

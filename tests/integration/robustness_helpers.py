@@ -9,6 +9,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -22,6 +23,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tritonllm.serving.launcher import TritonServer, find_free_ports
 from tritonllm.serving.watchdog import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,3 +216,16 @@ def throwaway_repository(overrides: dict[str, str], models: tuple[str, ...] = ("
                 cfg.parameters["gpt_model_path"].string_value = gpt_model_path
         (tmp / model / "config.pbtxt").write_text(text_format.MessageToString(cfg))
     return tmp
+
+
+@contextlib.contextmanager
+def dedicated_server(repo: Path, extra_args=(), timeout=180):
+    """A tritonserver of its own over `repo`, on free loopback ports."""
+    http, grpc, metrics = find_free_ports(3)
+    server = TritonServer(http, grpc, metrics, repositories=[repo], exit_timeout_s=10, extra_args=list(extra_args),
+                          log_path=ROOT / "build" / "logs" / f"pytest-h8-{http}.log")
+    try:
+        server.start(timeout=timeout)
+        yield server
+    finally:
+        server.stop()

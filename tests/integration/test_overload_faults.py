@@ -20,24 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from robustness_helpers import (ROOT, ids_of, ids_tensors, llm_metrics, rss_kib, stream_request, stub_pids,
+from robustness_helpers import (ROOT, dedicated_server, ids_of, ids_tensors, llm_metrics, rss_kib, stream_request, stub_pids,
                                 throwaway_repository, unary_request, wait_idle)
-from tritonllm.serving.launcher import ServerStartError, TritonServer, find_free_ports
+from tritonllm.serving.launcher import ServerStartError
 
 pytestmark = pytest.mark.slow
 PROMPT = list(range(10, 40))
-
-
-@contextlib.contextmanager
-def dedicated_server(repo: Path, extra_args=(), timeout=180):
-    http, grpc, metrics = find_free_ports(3)
-    server = TritonServer(http, grpc, metrics, repositories=[repo], exit_timeout_s=10, extra_args=list(extra_args),
-                          log_path=ROOT / "build" / "logs" / f"pytest-h8-{http}.log")
-    try:
-        server.start(timeout=timeout)
-        yield server
-    finally:
-        server.stop()
 
 
 @contextlib.contextmanager

@@ -137,3 +137,44 @@ def test_queued_outputs_coalesce_per_request():
         [1, 2, 3], [-0.1, -0.2, -0.3], True, "stop", 3)
     assert a.new_top_logprobs == [[(1, -0.1)], [(2, -0.2)], [(3, -0.3)]] and merged[1] is b1
     assert coalesce([]) == []
+
+
+def test_stream_interval_sends_the_first_token_alone_then_groups_and_flushes_at_the_end():
+    jobs = Jobs(stream_interval=3)
+    (row,) = jobs.add("s", "x", _batch([[5]], streaming=True), decoupled=True).rows
+    sent = []
+    for i, tok in enumerate([10, 11, 12, 13, 14, 15, 16]):
+        replies, _, _ = jobs.on_output(_out(row, [tok], finished=i == 6, reason="length" if i == 6 else None))
+        sent += [r.arrays["output_ids"].reshape(-1).tolist() for r in replies]
+    assert sent == [[10], [11, 12, 13], [14, 15, 16]]        # every token once, in order; the last is final
+    row2 = jobs.add("s", "y", _batch([[5]], streaming=True), decoupled=True).rows[0]
+    jobs.on_output(_out(row2, [1]))
+    assert jobs.on_output(_out(row2, [2]))[0] == []           # held
+    replies, _, _ = jobs.on_output(_out(row2, [], True, "abort"))  # a stop request flushes what is held
+    assert replies[0].final and replies[0].arrays["output_ids"].reshape(-1).tolist() == [2]
+
+
+@pytest.mark.parametrize("interval", [1, 2])
+def test_text_output_deltas_are_postprocessings_and_join_to_the_decoded_text(interval):
+    from tritonllm.text.detokenizer import IncrementalDetokenizer
+    from tritonllm.text.postprocess import Postprocessor
+    from text_helpers import byte_level
+
+    tok = byte_level()
+    ids = tok.encode("Ünïcode ☃ and spaces,  done.", add_special_tokens=False)
+    jobs = Jobs(stream_interval=interval)
+    (row,) = jobs.add("s", "x", _batch([[5]], streaming=True), decoupled=True,
+                      detokenizer=lambda: IncrementalDetokenizer(tok)).rows
+    texts, chunks = [], []
+    for i, t in enumerate(ids):
+        replies, _, _ = jobs.on_output(_out(row, [t], finished=i == len(ids) - 1,
+                                            reason="length" if i == len(ids) - 1 else None))
+        for r in replies:
+            texts.append(r.arrays["text_output"][0].decode())
+            chunks.append(r.arrays["output_ids"].reshape(-1).tolist())
+    assert "".join(texts) == tok.decode(ids, skip_special_tokens=True)
+    post = Postprocessor(tok)  # the postprocessing step on the same chunks gives the same deltas
+    expect = [post.run({"TOKENS_BATCH": np.array([c], np.int32), "REQUEST_KEY": np.array([[7]], np.uint64),
+                        "IS_FINAL": np.array([[k == len(chunks) - 1]])})["OUTPUT"][0].decode()
+              for k, c in enumerate(chunks)]
+    assert texts == expect

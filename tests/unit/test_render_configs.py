@@ -96,14 +96,26 @@ def test_engine_parameters_come_from_deployment_with_paths_relative_to_the_model
         assert resolve_param_path(tok, ROOT / rc.MODEL_DIRS[name]) == (ROOT / deployment["llm"]["tokenizer_dir"]).resolve()
 
 
-def test_ensemble_wiring_is_nvidias(configs):
+def test_ensemble_wiring_is_nvidias_with_the_text_made_in_the_llm_step(configs, deployment):
     ens = configs[C.ENSEMBLE]
     assert ens.platform == "ensemble"
-    assert [s.model_name for s in ens.ensemble_scheduling.step] == [C.PREPROCESSING, C.TENSORRT_LLM, C.POSTPROCESSING]
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == [C.PREPROCESSING, C.TENSORRT_LLM]
     llm_step = ens.ensemble_scheduling.step[1]
     assert llm_step.input_map["streaming"] == "stream"
     assert llm_step.input_map["runtime_top_k"] == "top_k"
-    assert ens.ensemble_scheduling.step[2].output_map["OUTPUT"] == "text_output"
+    assert llm_step.output_map["text_output"] == "text_output"
+    assert not {"output_ids", "sequence_length", "request_key", "is_final"} & set(llm_step.output_map)
+    assert (configs[C.TENSORRT_LLM].parameters["skip_special_tokens"].string_value
+            == configs[C.POSTPROCESSING].parameters["skip_special_tokens"].string_value)
+    # detokenize_in: postprocessing renders NVIDIA's three steps; the ensemble's tensors are the same
+    three = copy.deepcopy(deployment)
+    three["models"]["ensemble"] = {"detokenize_in": "postprocessing"}
+    rc.validate(three)
+    nvidia = rc.render_default(three, ROOT)[C.ENSEMBLE]
+    assert [s.model_name for s in nvidia.ensemble_scheduling.step] == [C.PREPROCESSING, C.TENSORRT_LLM,
+                                                                     C.POSTPROCESSING]
+    assert nvidia.ensemble_scheduling.step[2].output_map["OUTPUT"] == "text_output"
+    assert (list(nvidia.input), list(nvidia.output)) == (list(ens.input), list(ens.output))
     names = {t.name for t in ens.input}
     assert {"text_input", "max_tokens", "stream", "temperature", "top_k", "top_p", "stop_words", "bad_words",
             "end_id", "pad_id"} <= names
@@ -181,12 +193,21 @@ def test_cross_check_catches_batch_size_and_placeholder(configs):
 
 def test_render_refuses_a_broken_pipeline(deployment, monkeypatch):
     # A contract edit that breaks the wiring must stop the renderer before it writes anything.
-    steps = list(C.ENSEMBLE_STEPS)
+    steps = list(C.ensemble_steps())
     name, inp, out = steps[2]
     steps[2] = (name, {**inp, "TOKENS_BATCH": "_SEQUENCE_LENGTH"}, out)  # rank 1 into rank 2
-    monkeypatch.setattr(C, "ENSEMBLE_STEPS", tuple(steps))
+    monkeypatch.setattr(C, "ensemble_steps", lambda **_: tuple(steps))
     with pytest.raises(rc.DeploymentError, match="dims mismatch"):
         rc.render_files(deployment, ROOT)
+
+
+def test_ensemble_settings_are_validated(deployment):
+    for bad_spec, word in (({"detokenize_in": "client"}, "allowed"), ({"steps": 2}, "not a setting")):
+        bad = copy.deepcopy(deployment)
+        bad["models"]["ensemble"] = bad_spec
+        with pytest.raises(rc.DeploymentError, match="models.ensemble") as err:
+            rc.validate(bad)
+        assert word in str(err.value)
 
 
 @pytest.mark.parametrize("key, value, word", [
@@ -218,7 +239,7 @@ def test_profile_hook_writes_configs_folder_and_is_cross_checked(deployment, tmp
         "    cfg = defaults['tensorrt_llm']\n"
         "    cfg.backend = settings['backend']\n"
         "    if settings.get('break_wiring'):\n"
-        "        del cfg.output[0]\n"
+        "        cfg.output.remove(next(o for o in cfg.output if o.name == 'text_output'))\n"
         "    return {'tensorrt_llm': cfg}\n")
     monkeypatch.setattr(rc, "PROFILES", rc.discover_profiles(tmp_path))
     with_profile = copy.deepcopy(deployment)
@@ -234,7 +255,8 @@ def test_profile_hook_writes_configs_folder_and_is_cross_checked(deployment, tmp
 
 
 def test_engine_stream_keys_reach_postprocessing_and_nvidia_wiring_omits_them(configs):
-    ens = configs[C.ENSEMBLE]
+    ens = rc.ensemble_model({"max_batch_size": configs[C.ENSEMBLE].max_batch_size}, steps=C.ensemble_steps())
+    assert check_pipeline({**configs, C.ENSEMBLE: ens}) == []
     llm_step, post_step = ens.ensemble_scheduling.step[1], ens.ensemble_scheduling.step[2]
     assert llm_step.output_map["request_key"] == post_step.input_map["REQUEST_KEY"] == "_REQUEST_KEY"
     assert llm_step.output_map["is_final"] == post_step.input_map["IS_FINAL"] == "_IS_FINAL"

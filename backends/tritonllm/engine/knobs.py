@@ -117,6 +117,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("exclude_input_in_output", None, bool, True, "default of the request input of the same name"),
     Knob("stream_coalescing", None, bool, False,
          "streamed deltas that queue while sending lags merge into one response (fewer, larger deltas)"),
+    Knob("stream_interval", None, int, 1,
+         "streamed tokens per response after the first (SGLang's name): 1 = every token; n = fewer, larger "
+         "deltas (less work per token for the server and the client)", minimum=1),
 )
 BY_PARAM: dict[str, Knob] = {k.param: k for k in KNOBS}
 BY_FIELD: dict[str, Knob] = {k.field: k for k in KNOBS if k.field}

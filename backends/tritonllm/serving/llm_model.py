@@ -32,7 +32,7 @@ from ..llm_io import (INPUT_NAMES, SEQUENCES_NEED_DECOUPLED, STREAMING_NEEDS_DEC
                       parse_request, wants_ensemble_names)
 from ..llm_jobs import CANCELLED, Jobs, coalesce
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
-from ..paths import model_parameters
+from ..paths import model_parameters, model_path_param
 from .generator import BackendBuilder, GeneratorBackend
 from .triton_kit import error_response, read_inputs, send_error
 
@@ -91,7 +91,11 @@ class LLMTritonModel:
         self.coalescing = KNOBS_BY_PARAM["stream_coalescing"].parse(params.get("stream_coalescing"))
         self.cancel_period = float(params.get("cancellation_check_period_ms", "50") or 50) / 1000.0
         self.stats_period = float(params.get("stats_check_period_ms", "100") or 100) / 1000.0
-        self.jobs = Jobs()
+        self.jobs = Jobs(KNOBS_BY_PARAM["stream_interval"].parse(params.get("stream_interval")))
+        self.detokenizer = _detokenizer_factory(args, params) if "text_output" in self.output_names else None
+        if "text_output" in self.output_names and self.detokenizer is None:
+            pb.Logger.log_warn("tensorrt_llm: no tokenizer in tokenizer_dir or gpt_model_path: text_output is "
+                               "refused (the two-step ensemble needs it)")
         family = _family_factory(pb)
         self.metrics = LLMMetrics(family, args["model_name"], float(params.get("cost_per_instance_hour_usd", "0") or 0))
         self.nvidia = NvidiaMetrics(family, args["model_name"], args["model_version"])
@@ -121,7 +125,14 @@ class LLMTritonModel:
                     raise InvalidRequest(f"streaming: {STREAMING_NEEDS_DECOUPLED}")
                 if not self.decoupled and any(row.num_sequences > 1 for row in batch.rows):
                     raise InvalidRequest(f"num_return_sequences > 1: {SEQUENCES_NEED_DECOUPLED}")
-                job = self.jobs.add(sender, request.request_id(), batch, self.decoupled)
+                # Text only for our ensemble's requests: Triton marks every output requested when a direct
+                # client names none, and those clients would pay for decoding they never read.
+                text = (ensemble and "text_output" in self.output_names
+                        and "text_output" in request.requested_output_names())
+                if text and self.detokenizer is None:
+                    raise InvalidRequest("text_output: this tensorrt_llm has no tokenizer (tokenizer_dir)")
+                job = self.jobs.add(sender, request.request_id(), batch, self.decoupled,
+                                    self.detokenizer if text else None)
                 try:
                     self.backend.submit_all([(r.rid, r.request.prompt_ids, r.params) for r in job.rows])
                 except Exception:
@@ -209,3 +220,23 @@ class LLMTritonModel:
         self.backend.shutdown(timeout=30.0)
         self.outbox.put(None)  # after the backend's last output: every final response is sent first
         self.responder.join(10.0)
+
+
+def _detokenizer_factory(args: dict, params: dict[str, str]):
+    """IncrementalDetokenizer factory for text_output (the two-step ensemble, contract.ensemble_steps): it
+    decodes exactly as the postprocessing step does. The tokenizer is tokenizer_dir's, else the
+    checkpoint's (the llmapi profile's config names only gpt_model_path); None when neither holds one."""
+    from ..text.detokenizer import IncrementalDetokenizer, tokenizer_traits
+    from ..text.tokenizer import load_tokenizer, parse_bool
+
+    for key in ("tokenizer_dir", "gpt_model_path"):
+        value = params.get(key) or ""
+        if not value or value.startswith("${"):
+            continue
+        try:
+            tokenizer = load_tokenizer(model_path_param(args, params, key))
+        except (OSError, ValueError):
+            continue
+        traits, skip = tokenizer_traits(tokenizer), parse_bool(params.get("skip_special_tokens"), True)
+        return lambda: IncrementalDetokenizer(tokenizer, skip_special_tokens=skip, traits=traits)
+    return None
