@@ -141,9 +141,9 @@ class Prompts:
 def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, requests: int, export: Path,
                         log: Path, timeout_s: int) -> list[dict]:
     """One perf_analyzer run (one model, one level) -> its export's experiments. perf_analyzer 2.49
-    sometimes leaves an empty export after a full run, or stops writing one part way (both seen): an
-    export cut short keeps its complete requests; one with fewer than half the requests is run again
-    once (the second run's export needs at least ``c`` requests), then reported with the log's path."""
+    sometimes leaves an empty export after a full run, or stops writing one part way (both seen): such a
+    run is made again once; a second export cut short gives its complete requests' latencies (not a
+    throughput: perf_report.experiment_metrics), one with fewer than ``c`` is reported with the log's path."""
     cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", "grpc", "--async", "--streaming",
            "--input-data", str(input_path), "--concurrency-range", f"{c}:{c}",
            # A fixed number of requests, no stabilization windows: LLM requests on a shared CPU vary
@@ -161,11 +161,13 @@ def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, req
         try:
             experiments = perf_analyzer_experiments(export)
             kept = len(experiments[0].get("requests", [])) if experiments else 0
-            if kept < (max(requests, 2 * c) // 2 if attempt == 1 else c):  # the retry takes what it can get
+            if attempt == 1 and experiments and experiments[0].get("truncated"):
+                raise ValueError(f"cut short after {kept} complete requests")
+            if kept < c:
                 raise ValueError(f"{kept} complete requests in it")
             if experiments[0].get("truncated"):
-                print(f"    export {export} cut short by perf_analyzer: metrics from its {kept} complete "
-                      "requests", flush=True)
+                print(f"    export {export} cut short again: its {kept} complete requests count for the "
+                      "latencies, not the throughput", flush=True)
             return experiments
         except (OSError, ValueError, KeyError, IndexError) as e:
             print(f"    export {export} unreadable ({type(e).__name__}: {e}); "

@@ -34,7 +34,8 @@ def _pct(values: list[float], p: int) -> float | None:
 
 def experiment_metrics(experiment: dict[str, Any] | list[dict[str, Any]], tokens_per_request: int | None) -> dict[str, Any]:
     """Metrics of one perf_analyzer experiment (one concurrency level), or of several rounds of the same
-    level run apart (their spans add up; percentiles are over all their requests)."""
+    level run apart (their spans add up; percentiles are over all their requests). A ``truncated`` export's
+    requests count for the latencies only: the requests it lost ran in its span too."""
     rounds = experiment if isinstance(experiment, list) else [experiment]
     ttft, itl, latency, tokens, span_s = [], [], [], 0, 0.0
     for exp in rounds:
@@ -47,12 +48,12 @@ def experiment_metrics(experiment: dict[str, Any] | list[dict[str, Any]], tokens
             ttft.append((stamps[0] - sent) / 1e6)
             latency.append((stamps[-1] - sent) / 1e6)
             n = tokens_per_request if tokens_per_request else len(stamps)
-            tokens += n
+            tokens += 0 if exp.get("truncated") else n
             if len(stamps) > 1 and n > 1:
                 itl.append((stamps[-1] - stamps[0]) / 1e6 / (n - 1))
             first_send = sent if first_send is None else min(first_send, sent)
             last_response = stamps[-1] if last_response is None else max(last_response, stamps[-1])
-        if first_send is not None and last_response > first_send:
+        if first_send is not None and last_response > first_send and not exp.get("truncated"):
             span_s += (last_response - first_send) / 1e9
     row: dict[str, Any] = {
         "concurrency": rounds[0]["experiment"]["value"],

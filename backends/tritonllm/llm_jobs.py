@@ -71,6 +71,7 @@ class Job:
     pending: int = 0
     cancelled: bool = False      # set by the watcher: aborts are answered CANCELLED
     done: list[dict[str, np.ndarray] | None] = field(default_factory=list)  # unary: each row's arrays
+    outputs: frozenset[str] | None = None  # the outputs the caller asked for (None: every one we make)
 
 
 @dataclass(eq=False)
@@ -135,10 +136,12 @@ class Jobs:
         self._rows: dict[str, Row] = {}
         self._ids = itertools.count()
 
-    def add(self, sender, triton_id: str, batch: ParsedBatch, decoupled: bool, detokenizer=None) -> Job:
+    def add(self, sender, triton_id: str, batch: ParsedBatch, decoupled: bool, detokenizer=None,
+            outputs: frozenset[str] | None = None) -> Job:
         """``detokenizer``: a factory of IncrementalDetokenizer when the caller asked for ``text_output``
-        (each row then answers its text too, as the postprocessing step would)."""
-        job = Job(sender, triton_id, decoupled, batch_size=len(batch.rows))
+        (each row then answers its text too, as the postprocessing step would). ``outputs``: the names the
+        caller asked for; replies carry only those (an ensemble step asks for the ones it maps)."""
+        job = Job(sender, triton_id, decoupled, batch_size=len(batch.rows), outputs=outputs)
         with self._lock:
             for i, parsed in enumerate(batch.rows):
                 first = None
@@ -224,7 +227,7 @@ class Jobs:
             if row.detok is not None:  # postprocessing's OUTPUT: [1] UTF-8 bytes, the exact delta
                 text = row.detok.finish(ids) if out.finished else row.detok.add(ids)
                 got["text_output"] = np.array([text.encode("utf-8")], dtype=object)
-            return got
+            return got if job.outputs is None else {k: v for k, v in got.items() if k in job.outputs}
 
         if req.streaming:  # decoupled only (unary refuses streaming); a finished stream ends with data
             if not (out.new_token_ids or out.finished):

@@ -73,6 +73,8 @@ def test_an_export_cut_short_keeps_its_complete_requests(tmp_path):
     (exp,) = perf_analyzer_experiments(path)
     assert exp["truncated"] and exp["experiment"]["value"] == 2
     assert [r["timestamp"] for r in exp["requests"]] == [0, MS]
+    row = experiment_metrics([exp], 2)
+    assert row["requests"] == 2 and row["ttft_p50_ms"] is not None and row["output_tokens_per_s"] is None
     path.write_text(text)
     assert "truncated" not in perf_analyzer_experiments(path)[0]
 

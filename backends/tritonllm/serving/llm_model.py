@@ -127,12 +127,12 @@ class LLMTritonModel:
                     raise InvalidRequest(f"num_return_sequences > 1: {SEQUENCES_NEED_DECOUPLED}")
                 # Text only for our ensemble's requests: Triton marks every output requested when a direct
                 # client names none, and those clients would pay for decoding they never read.
-                text = (ensemble and "text_output" in self.output_names
-                        and "text_output" in request.requested_output_names())
+                outputs = frozenset(request.requested_output_names()) if ensemble else None
+                text = outputs is not None and "text_output" in outputs and "text_output" in self.output_names
                 if text and self.detokenizer is None:
                     raise InvalidRequest("text_output: this tensorrt_llm has no tokenizer (tokenizer_dir)")
                 job = self.jobs.add(sender, request.request_id(), batch, self.decoupled,
-                                    self.detokenizer if text else None)
+                                    self.detokenizer if text else None, outputs)
                 try:
                     self.backend.submit_all([(r.rid, r.request.prompt_ids, r.params) for r in job.rows])
                 except Exception:
