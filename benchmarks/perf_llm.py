@@ -138,12 +138,15 @@ class Prompts:
         return path
 
 
+ATTEMPTS = 3
+
+
 def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, requests: int, export: Path,
-                        log: Path, timeout_s: int) -> list[dict]:
-    """One perf_analyzer run (one model, one level) -> its export's experiments. perf_analyzer 2.49
-    sometimes leaves an empty export after a full run, or stops writing one part way (both seen): such a
-    run is made again once; a second export cut short gives its complete requests' latencies (not a
-    throughput: perf_report.experiment_metrics), one with fewer than ``c`` is reported with the log's path."""
+                        log: Path, timeout_s: int) -> list[dict] | None:
+    """One perf_analyzer run (one model, one level) -> its export's experiments, or None (said, with the
+    log's path). perf_analyzer 2.49 sometimes leaves an empty export after a full run, or stops writing one
+    part way (both seen, exit code 0): such a run is made again, up to ATTEMPTS times; the last attempt's
+    export cut short gives its complete requests' latencies (not a throughput: perf_report)."""
     cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", "grpc", "--async", "--streaming",
            "--input-data", str(input_path), "--concurrency-range", f"{c}:{c}",
            # A fixed number of requests, no stabilization windows: LLM requests on a shared CPU vary
@@ -151,7 +154,8 @@ def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, req
            "--request-count", str(max(requests, 2 * c)),
            # No -f: with it, perf_analyzer 2.49 leaves the profile export empty (seen).
            "--profile-export-file", str(export)]
-    for attempt in (1, 2):
+    for attempt in range(1, ATTEMPTS + 1):
+        last = attempt == ATTEMPTS
         export.unlink(missing_ok=True)  # perf_analyzer refuses an export path that exists
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         log.write_text(proc.stdout + proc.stderr)
@@ -161,7 +165,7 @@ def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, req
         try:
             experiments = perf_analyzer_experiments(export)
             kept = len(experiments[0].get("requests", [])) if experiments else 0
-            if attempt == 1 and experiments and experiments[0].get("truncated"):
+            if not last and experiments and experiments[0].get("truncated"):
                 raise ValueError(f"cut short after {kept} complete requests")
             if kept < c:
                 raise ValueError(f"{kept} complete requests in it")
@@ -171,9 +175,8 @@ def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, req
             return experiments
         except (OSError, ValueError, KeyError, IndexError) as e:
             print(f"    export {export} unreadable ({type(e).__name__}: {e}); "
-                  f"{'running again' if attempt == 1 else 'giving up'}", flush=True)
-    raise SystemExit(f"perf_analyzer left no readable export {export} twice for {model} at concurrency {c}; "
-                     f"its log: {log}")
+                  f"{'giving this round up, log ' + str(log) if last else 'running again'}", flush=True)
+    return None
 
 
 def run_perf_analyzer(env, url: str, models: list[str], prompts: Prompts, concurrency: list[int],
@@ -193,12 +196,17 @@ def run_perf_analyzer(env, url: str, models: list[str], prompts: Prompts, concur
                 t0 = time.monotonic()
                 got = _perf_analyzer_once(env, url, model, prompts.file(model, name, n), c, requests,
                                           out_dir / f"pa_{name}.json", out_dir / f"pa_{name}.log", timeout_s)
+                if got is None:  # the other rounds still measure this level
+                    continue
                 experiments[model] += got
                 r = experiment_metrics(got, prompts.max_tokens)
                 print(f"    {r['requests']} requests in {time.monotonic() - t0:.0f} s: "
                       f"{r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {r['ttft_p50_ms'] or 0:.1f} ms, "
                       f"ITL p50 {r['itl_p50_ms'] or 0:.2f} ms", flush=True)
         for model in models:
+            if not experiments[model]:
+                raise SystemExit(f"perf_analyzer left no readable export for {model} at concurrency {c} in "
+                                 f"{rounds} round(s) of {ATTEMPTS} attempts; logs: {out_dir}/pa_{model}_c{c}*.log")
             rows.append({"source": "perf_analyzer", "model": model,
                          **experiment_metrics(experiments[model], prompts.max_tokens)})
     return rows
@@ -243,8 +251,8 @@ def main(argv=None) -> int:
     p.add_argument("--url", help="gRPC host:port of a running server (default: start one on free ports)")
     p.add_argument("--models", default="ensemble,tensorrt_llm", help="comma list for perf_analyzer")
     p.add_argument("--concurrency", default="1,2,4,8", help="levels: 1,2,4,8 or start:end[:step]")
-    p.add_argument("--requests", type=int, default=16, help="requests per level and round (>= 2 x concurrency)")
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--requests", type=int, default=32, help="requests per level and round (>= 2 x concurrency)")
+    p.add_argument("--rounds", type=int, default=4,
                    help="rounds per level, the models interleaved (each round its own perf_analyzer run)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)

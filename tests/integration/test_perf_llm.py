@@ -18,7 +18,8 @@ GENAI = ROOT / "build" / "perf" / "genai-venv" / "bin" / "genai-perf"
 def test_perf_llm_smoke(triton_server, tmp_path):
     max_tokens = 8
     cmd = [sys.executable, str(ROOT / "benchmarks" / "perf_llm.py"), "--url", triton_server.grpc_url,
-           "--concurrency", "1", "--requests", "3", "--max-tokens", str(max_tokens), "--prompt-tokens", "16",
+           "--concurrency", "1", "--requests", "3", "--rounds", "1", "--max-tokens", str(max_tokens),
+           "--prompt-tokens", "16",
            "--genai-concurrency", "1", "--genai-perf", "auto" if GENAI.exists() else "skip", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
