@@ -162,8 +162,11 @@ def tensorrt_llm_config(default: mc.ModelConfig, s: dict, repo: Path) -> mc.Mode
     cfg.backend = BACKEND
     del cfg.instance_group[:]
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    # The two-step ensemble's text_output is decoded with the deployment's tokenizer, as preprocessing's
+    # (also when the checkpoint is a Hub name): those two parameters stay.
+    text = {k: cfg.parameters[k].string_value for k in ("tokenizer_dir", "skip_special_tokens") if k in cfg.parameters}
     cfg.parameters.clear()
-    params = {"llm_args": json.dumps(llm_args(s), sort_keys=True, separators=(",", ":"))}
+    params = {"llm_args": json.dumps(llm_args(s), sort_keys=True, separators=(",", ":")), **text}
     if s["hf_model_id"]:
         params["hf_model_id"] = s["hf_model_id"]
     else:

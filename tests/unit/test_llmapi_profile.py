@@ -102,9 +102,13 @@ def test_the_checkpoint_path_resolves_like_every_path_parameter(deployment, cfg)
 def test_a_hub_model_id_is_rendered_instead_of_a_path(deployment):
     s = llmapi.settings_with_defaults({"hf_model_id": "nvidia/Llama-3.1-8B-Instruct-FP8", "kv_cache_dtype": "fp8"})
     default = rc.render_default(deployment, ROOT)[C.TENSORRT_LLM]
+    text = {k: default.parameters[k].string_value for k in ("tokenizer_dir", "skip_special_tokens")}
+    assert text["tokenizer_dir"].endswith("build/models/demo")
     p = params_of(llmapi.tensorrt_llm_config(default, s, ROOT))
     assert p["hf_model_id"] == "nvidia/Llama-3.1-8B-Instruct-FP8" and "gpt_model_path" not in p
     assert json.loads(p["llm_args"])["kv_cache_config"]["dtype"] == "fp8"
+    # the two-step ensemble's text is decoded with the deployment's tokenizer, whatever the checkpoint
+    assert {k: p[k] for k in text} == text
 
 
 def test_the_kv_cap_is_rendered_as_kv_cache_config_max_tokens():
