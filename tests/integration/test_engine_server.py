@@ -103,7 +103,10 @@ def test_num_return_sequences_answer_on_their_own_with_sequence_index(triton_ser
             ids = c["output_ids"].reshape(-1).tolist()
             by_seq.setdefault(int(c["sequence_index"].reshape(-1)[0]), []).extend(ids)
             assert c["top_log_prob_ids"].shape == (1, len(ids), 2) and c["top_log_probs"].shape == (1, len(ids), 2)
+        # every sequence's 8 tokens came before the final flag, and nothing comes after it: one final flag
         assert sorted(by_seq) == [0, 1, 2] and all(len(v) == 8 for v in by_seq.values())
+        with pytest.raises(queue.Empty):
+            s.q.get(timeout=0.5)
         assert len({tuple(v) for v in by_seq.values()}) == 3  # seeds 11, 12, 13
         text, err = s.run("ensemble", _inputs(
             text_input=np.array([["Once upon a time"]], object), max_tokens=np.array([[6]], np.int32),
