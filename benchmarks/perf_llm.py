@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,23 +142,24 @@ class Prompts:
 ATTEMPTS = 3
 
 
-def _perf_analyzer_once(env, url: str, model: str, input_path: Path, c: int, requests: int, export: Path,
+def _perf_analyzer_once(env, url: str, model: str, inputs: Callable[[], Path], c: int, n: int, export: Path,
                         log: Path, timeout_s: int) -> list[dict] | None:
-    """One perf_analyzer run (one model, one level) -> its export's experiments, or None (said, with the
-    log's path). perf_analyzer 2.49 sometimes leaves an empty export after a full run, or stops writing one
+    """One perf_analyzer run (one model, one level, ``n`` requests) -> its export's experiments, or None
+    (said, with the log's path). perf_analyzer 2.49 sometimes leaves an empty export after a full run, or stops writing one
     part way (both seen, exit code 0): such a run is made again, up to ATTEMPTS times; the last attempt's
-    export cut short gives its complete requests' latencies (not a throughput: perf_report)."""
+    export cut short gives its complete requests' latencies (not a throughput: perf_report). Each attempt
+    gets fresh prompts from ``inputs()``: a failed run did generate, and its prompts are in the prefix cache."""
     cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", "grpc", "--async", "--streaming",
-           "--input-data", str(input_path), "--concurrency-range", f"{c}:{c}",
+           "--concurrency-range", f"{c}:{c}",
            # A fixed number of requests, no stabilization windows: LLM requests on a shared CPU vary
            # too much window to window for perf_analyzer's stability check to converge (seen).
-           "--request-count", str(max(requests, 2 * c)),
+           "--request-count", str(n),
            # No -f: with it, perf_analyzer 2.49 leaves the profile export empty (seen).
            "--profile-export-file", str(export)]
     for attempt in range(1, ATTEMPTS + 1):
         last = attempt == ATTEMPTS
         export.unlink(missing_ok=True)  # perf_analyzer refuses an export path that exists
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd + ["--input-data", str(inputs())], env=env, capture_output=True, text=True, timeout=timeout_s)
         log.write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             raise RuntimeError(f"perf_analyzer failed ({proc.returncode}), log {log}:\n"
@@ -194,7 +196,7 @@ def run_perf_analyzer(env, url: str, models: list[str], prompts: Prompts, concur
                 name = f"{model}_c{c}" + (f"_r{i + 1}" if rounds > 1 else "")
                 n = max(requests, 2 * c)
                 t0 = time.monotonic()
-                got = _perf_analyzer_once(env, url, model, prompts.file(model, name, n), c, requests,
+                got = _perf_analyzer_once(env, url, model, lambda: prompts.file(model, name, n), c, n,
                                           out_dir / f"pa_{name}.json", out_dir / f"pa_{name}.log", timeout_s)
                 if got is None:  # the other rounds still measure this level
                     continue

@@ -37,7 +37,7 @@ def experiment_metrics(experiment: dict[str, Any] | list[dict[str, Any]], tokens
     level run apart (their spans add up; percentiles are over all their requests). A ``truncated`` export's
     requests count for the latencies only: the requests it lost ran in its span too."""
     rounds = experiment if isinstance(experiment, list) else [experiment]
-    ttft, itl, latency, tokens, span_s = [], [], [], 0, 0.0
+    ttft, itl, latency, tokens, counted, span_s = [], [], [], 0, 0, 0.0
     for exp in rounds:
         first_send, last_response = None, None
         for r in exp.get("requests", []):
@@ -48,7 +48,8 @@ def experiment_metrics(experiment: dict[str, Any] | list[dict[str, Any]], tokens
             ttft.append((stamps[0] - sent) / 1e6)
             latency.append((stamps[-1] - sent) / 1e6)
             n = tokens_per_request if tokens_per_request else len(stamps)
-            tokens += 0 if exp.get("truncated") else n
+            if not exp.get("truncated"):  # throughput counts only requests whose round is whole
+                tokens, counted = tokens + n, counted + 1
             if len(stamps) > 1 and n > 1:
                 itl.append((stamps[-1] - stamps[0]) / 1e6 / (n - 1))
             first_send = sent if first_send is None else min(first_send, sent)
@@ -58,7 +59,7 @@ def experiment_metrics(experiment: dict[str, Any] | list[dict[str, Any]], tokens
     row: dict[str, Any] = {
         "concurrency": rounds[0]["experiment"]["value"],
         "requests": len(ttft),
-        "request_throughput_per_s": len(ttft) / span_s if span_s else None,
+        "request_throughput_per_s": counted / span_s if span_s else None,
         "output_tokens_per_s": tokens / span_s if span_s else None,
     }
     for p in PCTS:
@@ -97,12 +98,6 @@ def _salvaged(text: str) -> list[dict]:
             break
         pos = end + 1
     return [{"experiment": experiment, "requests": requests, "truncated": True}]
-
-
-def perf_analyzer_rows(export_path: str | Path, model: str, tokens_per_request: int | None) -> list[dict]:
-    rows = [{"source": "perf_analyzer", "model": model, **experiment_metrics(e, tokens_per_request)}
-            for e in perf_analyzer_experiments(export_path)]
-    return sorted(rows, key=lambda r: r["concurrency"])
 
 
 def ratios(rows: list[dict], model: str, base: str) -> list[dict]:

@@ -131,9 +131,7 @@ class TritonPythonModel:
             except InvalidInput as e:
                 K.send_error(pb_utils, sender, str(e), pb_utils.TritonError.INVALID_ARG)
                 continue
-            # request.timeout(): microseconds, 0 = none (2.51's stub has it; a stub without it: no deadline)
-            timeout_us = int(getattr(request, "timeout", lambda: 0)() or 0)
-            job = _Job(sender, len(rows), request.request_id(), timeout_us)
+            job = _Job(sender, len(rows), request.request_id(), K.timeout_us(request))
             job.rows = [_Row(job, i, str(self.id_base + next(self.ids))) for i in range(len(rows))]
             with self.lock:
                 self.jobs.add(job)

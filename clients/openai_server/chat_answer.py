@@ -17,8 +17,6 @@ class ChatAnswer:
     def __init__(self, reasoning_parser: str | None, tool_parser: T.Parser | None):
         self.reasoning = R.ReasoningStream(reasoning_parser) if reasoning_parser else None
         self.tools = T.ToolCallStream(tool_parser) if tool_parser else None
-        self.tool_parser = tool_parser
-        self.reasoning_parser = reasoning_parser
 
     def deltas(self, text: str, final: bool = False) -> list[dict]:
         """The stream deltas (``delta`` objects of chat.completion.chunk) for newly generated ``text``."""
@@ -42,12 +40,12 @@ class ChatAnswer:
 
     def message(self, text: str) -> dict:
         """The whole assistant message for a finished ``text``."""
-        thought, content = R.split(self.reasoning_parser, text, True) if self.reasoning_parser else ("", text)
+        thought, content = R.split(self.reasoning.parser, text, True) if self.reasoning else ("", text)
         message: dict = {"role": "assistant", "content": content}
-        if self.reasoning_parser:
+        if self.reasoning:
             message["reasoning_content"] = thought or None
-        if self.tool_parser is not None:
-            found = T.final_calls(self.tool_parser, content)
+        if self.tools is not None:
+            found = T.final_calls(self.tools.parser, content)
             if found is not None:
                 message["content"], message["tool_calls"] = found
         return message

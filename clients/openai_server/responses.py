@@ -102,8 +102,11 @@ class Outcome:
 
     def usage(self, tools: TextTools, prompt: str) -> dict[str, int]:
         p = self.prompt_tokens if self.prompt_tokens is not None else tools.count(prompt, prompt=True)
-        c = self.completion_tokens if self.completion_tokens is not None else tools.count(self.text, prompt=False)
+        c = self.completion_count(tools)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def completion_count(self, tools: TextTools) -> int:
+        return self.completion_tokens if self.completion_tokens is not None else tools.count(self.text, prompt=False)
 
     def finish_reason(self, max_tokens: int) -> str:
         return "length" if (self.completion_tokens or 0) >= max_tokens else "stop"
@@ -154,9 +157,8 @@ def chat_body(rid: str, model: str, choices: list[dict], usage: dict | None, chu
 
 def choices_usage(tools: TextTools, prompt: str, outcomes: list[Outcome]) -> dict[str, int]:
     """One prompt's usage over its ``n`` sequences: the prompt once, every completion."""
-    usages = [o.usage(tools, prompt) for o in outcomes]
-    p = usages[0]["prompt_tokens"]
-    c = sum(u["completion_tokens"] for u in usages)
+    p = outcomes[0].usage(tools, prompt)["prompt_tokens"]  # counted once, not per sequence
+    c = sum(o.completion_count(tools) for o in outcomes)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 

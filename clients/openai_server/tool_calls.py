@@ -31,6 +31,14 @@ class _Malformed(ValueError):
     pass
 
 
+def _loads(raw: str):
+    """json.loads for text the model wrote: anything that is not JSON is _Malformed (not a tool call)."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise _Malformed(str(e)) from None
+
+
 @dataclass
 class Call:
     name: str | None = None   # None until the name's JSON string has closed
@@ -111,7 +119,7 @@ def _scan_call(s: str, i: int, name_keys=("name",), arg_keys=("arguments", "para
         key_end = _string_end(s, j)
         if key_end is None:
             break
-        key = json.loads(s[j:key_end])
+        key = _loads(s[j:key_end])
         j = _ws(s, key_end)
         if j >= len(s):
             break
@@ -123,7 +131,7 @@ def _scan_call(s: str, i: int, name_keys=("name",), arg_keys=("arguments", "para
         end = _value_end(s, j)
         raw = s[j:end] if end is not None else s[j:]
         if key in name_keys and end is not None:
-            name = json.loads(raw)
+            name = _loads(raw)
             if not isinstance(name, str):
                 raise _Malformed("the function name is not a string")
             call.name = name
@@ -253,7 +261,7 @@ def new_call_id() -> str:
 
 def _arguments(call: Call) -> str:
     if call.quoted:
-        return json.loads(call.arguments)
+        return _loads(call.arguments)
     return call.arguments or "{}"
 
 
@@ -268,7 +276,7 @@ def final_calls(parser: Parser, text: str) -> tuple[str | None, list[dict]] | No
         out = []
         for c in calls:
             args = _arguments(c)
-            json.loads(args)  # arguments must be JSON
+            _loads(args)  # arguments must be JSON
             out.append({"id": new_call_id(), "type": "function", "function": {"name": c.name, "arguments": args}})
     except (_Malformed, ValueError):
         return None
@@ -317,7 +325,11 @@ class ToolCallStream:
                 deltas.append({"index": index, "id": new_call_id(), "type": "function",
                                "function": {"name": call.name, "arguments": ""}})
             if call.quoted or not call.arguments:  # known only once whole: decoded, or "{}" when absent
-                args = _arguments(call) if call.complete and not self._sent[index] else ""
+                try:
+                    args = _arguments(call) if call.complete and not self._sent[index] else ""
+                except _Malformed:  # a quoted arguments string that is not JSON: the format broke here
+                    self.broken = True
+                    break
                 if args:
                     self._sent[index] = len(args)
             else:

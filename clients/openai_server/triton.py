@@ -105,7 +105,8 @@ class TritonText:
         """``timeout_us``: Triton's request timeout, which the engine takes as the request's allotted time."""
         model = model or await self.resolve()
         inputs, outputs = grpc_inputs(params, prompt, stream)
-        ours = [name for name in BLS_ONLY if name in {i.name() for i in inputs}]
+        sent = {i.name() for i in inputs}
+        ours = [name for name in BLS_ONLY if name in sent]
         if ours and model != BLS:
             raise ApiError(400, f"{', '.join(ours)}: served by {BLS} only, not by {model}",
                            param=ours[0])

@@ -169,7 +169,8 @@ def test_assistant_tool_calls_reach_the_template_as_objects():
 
 
 @pytest.mark.parametrize("parser,text", [(T.llama3_json, '{"answer": 1}'),
-                                         (T.hermes, '<tool_call>{"foo": 1}</tool_call>')])
+                                         (T.hermes, '<tool_call>{"foo": 1}</tool_call>'),
+                                         (T.hermes, '<tool_call>{"name": tru, "arguments": {}}</tool_call>')])
 def test_text_that_only_looked_like_a_call_streams_as_content(parser, text):
     assert T.final_calls(parser, text) is None
     for step in (1, 3, len(text)):
@@ -187,3 +188,10 @@ def test_a_call_without_arguments_streams_the_same_arguments_as_the_whole_answer
 def test_text_breaking_the_format_after_a_call_is_dropped_not_garbled():
     text = '{"name": "f", "parameters": {"a": 1}} trailing'
     assert _stream(T.llama3_json, text, 3) == ("", {0: "f"}, {0: '{"a": 1}'})
+
+
+def test_quoted_arguments_that_are_not_json_end_the_stream_cleanly():
+    text = '<tool_call>{"name": "f", "arguments": "\\q"}</tool_call>'   # a bad escape in a JSON string
+    assert T.final_calls(T.hermes, text) is None
+    for step in (1, 5, len(text)):
+        assert _stream(T.hermes, text, step) == ("", {0: "f"}, {0: ""})   # the name was sent; nothing raises

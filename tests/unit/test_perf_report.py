@@ -7,8 +7,7 @@ import json
 import pytest
 
 
-from benchmarks.perf_report import (FIELDS, experiment_metrics, perf_analyzer_experiments, perf_analyzer_rows,
-                                     ratios, write_summary)
+from benchmarks.perf_report import FIELDS, experiment_metrics, perf_analyzer_experiments, ratios, write_summary
 
 MS = 1_000_000
 
@@ -45,8 +44,9 @@ def test_requests_without_responses_are_not_counted(tmp_path):
                               {"experiment": {"value": 1}, "requests": [_request(0, 3, 1, 2)]}]}
     path = tmp_path / "pa.json"
     path.write_text(json.dumps(export))
-    rows = perf_analyzer_rows(path, "ensemble", 2)
-    assert [r["concurrency"] for r in rows] == [1, 4]  # sorted by concurrency
+    rows = sorted(({"source": "perf_analyzer", "model": "ensemble", **experiment_metrics(e, 2)}
+                   for e in perf_analyzer_experiments(path)), key=lambda r: r["concurrency"])
+    assert [r["concurrency"] for r in rows] == [1, 4]
     assert rows[1]["requests"] == 1
     csv_path, json_path = write_summary(rows, tmp_path / "out")
     header = next(csv.reader(csv_path.open()))
@@ -75,6 +75,9 @@ def test_an_export_cut_short_keeps_its_complete_requests(tmp_path):
     assert [r["timestamp"] for r in exp["requests"]] == [0, MS]
     row = experiment_metrics([exp], 2)
     assert row["requests"] == 2 and row["ttft_p50_ms"] is not None and row["output_tokens_per_s"] is None
+    assert row["request_throughput_per_s"] is None
+    whole = {"experiment": {"value": 2}, "requests": [_request(0, 10, 10, 2)]}     # 1 request over 20 ms
+    assert experiment_metrics([whole, exp], 2)["request_throughput_per_s"] == pytest.approx(1 / 0.020)
     path.write_text(text)
     assert "truncated" not in perf_analyzer_experiments(path)[0]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .knobs import BY_FIELD, QUANTIZATIONS, KnobError, default  # noqa: F401  (QUANTIZATIONS re-exported)
+from .knobs import BY_FIELD, KnobError, default
 
 
 @dataclass

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import torch
 
+from .models.llama import LLAMA
 from .quant import Int4Weight, Int8Weight
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _fields(packed: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
@@ -143,7 +143,7 @@ def gptq_weight(qweight, qzeros, scales, g_idx, group: int, bits: int = 4, v2: b
     return _weight(codes, d, zeros, group, bits, perm)
 
 
-def load_prequantized(weights: dict, qcfg: dict, projections: tuple[str, ...] = LLAMA_PROJECTIONS) -> dict:
+def load_prequantized(weights: dict, qcfg: dict, projections: tuple[str, ...] = LLAMA.projections()) -> dict:
     """Replaces every projection's packed tensors by one Int4Weight / Int8Weight under ``<name>.weight``.
     ``projections``: the architecture's linear module names (``Architecture.projections()``)."""
     method, group, bits = _check(qcfg)

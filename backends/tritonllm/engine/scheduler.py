@@ -94,16 +94,9 @@ class Scheduler:
         self.waiting.appendleft(req)
 
 
-    @staticmethod
-    def _uniform(reqs) -> bool:
-        first = reqs[0].params.priority if reqs else 0.0
-        return all(r.params.priority == first for r in reqs)
-
     def _running_order(self) -> list[Request]:
-        running = list(self.running)         # oldest first (admission order)
-        if not self._uniform(running):
-            running.sort(key=lambda r: -r.params.priority)  # stable: oldest first within a priority
-        return running
+        # oldest first (admission order) within a priority: the sort is stable, and linear when all are equal
+        return sorted(self.running, key=lambda r: -r.params.priority)
 
     def _admission_key(self, r: Request):
         """Sort key of the waiting queue: priority + (now - arrival) / aging, highest first, is in the order
@@ -150,7 +143,8 @@ class Scheduler:
             self._preempt(req)               # nothing left to preempt: this one waits
             preempted.append(req)
         kept = scheduled_running + queue     # `queue` holds running requests the budget did not reach
-        order = list(self.waiting) if not preempted else []
+        still_running = len(kept)
+        order = self.waiting if not preempted else ()  # already in admission order (see ``add``)
         for req in order:
             if budget <= 0 or len(kept) >= self.config.max_num_seqs:
                 break
@@ -180,7 +174,7 @@ class Scheduler:
             items.append((req, n))
             kept.append(req)
             budget -= n
-        if order:
+        if len(kept) > still_running:        # some were admitted: they leave the queue
             self.waiting = deque(r for r in order if r.status is Status.WAITING)
         self.running = kept
         return ScheduledStep(items, preempted)

@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 
-from ..engine.request import InvalidRequest, QueueFull
+from ..engine.request import InvalidRequest
 from ..engine.knobs import BY_PARAM as KNOBS_BY_PARAM
 from ..error_names import with_client_names
 from ..llm_io import (INPUT_NAMES, SEQUENCES_NEED_DECOUPLED, STREAMING_NEEDS_DECOUPLED, in_tensor_names,
@@ -34,7 +34,7 @@ from ..llm_jobs import CANCELLED, Jobs, coalesce
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
 from ..paths import model_parameters, model_path_param
 from .generator import BackendBuilder, GeneratorBackend
-from .triton_kit import error_response, read_inputs, send_error
+from .triton_kit import error_response, failure, read_inputs, send_error, timeout_us
 
 
 class _TritonLogHandler(logging.Handler):
@@ -48,14 +48,6 @@ class _TritonLogHandler(logging.Handler):
         msg = self.format(record)
         log = self.pb_utils.Logger
         (log.log_error if record.levelno >= logging.ERROR else log.log_warn)(msg)
-
-
-def _timeout_us(request) -> int:
-    """The request's Triton timeout in microseconds (the ``timeout`` request parameter; 0 = none)."""
-    try:
-        return int(request.timeout() or 0)
-    except AttributeError:  # a python_backend before 23.12 does not pass it to the model
-        return 0
 
 
 def _family_factory(pb_utils):
@@ -94,8 +86,8 @@ class LLMTritonModel:
         self.jobs = Jobs(KNOBS_BY_PARAM["stream_interval"].parse(params.get("stream_interval")))
         self.detokenizer = _detokenizer_factory(args, params) if "text_output" in self.output_names else None
         if "text_output" in self.output_names and self.detokenizer is None:
-            pb.Logger.log_warn("tensorrt_llm: no tokenizer in tokenizer_dir or gpt_model_path: text_output is "
-                               "refused (the two-step ensemble needs it)")
+            pb.Logger.log_warn("tensorrt_llm: no tokenizer in tokenizer_dir: text_output is refused (the two-step "
+                               "ensemble needs it)")
         family = _family_factory(pb)
         self.metrics = LLMMetrics(family, args["model_name"], float(params.get("cost_per_instance_hour_usd", "0") or 0))
         self.nvidia = NvidiaMetrics(family, args["model_name"], args["model_version"])
@@ -116,7 +108,7 @@ class LLMTritonModel:
             try:
                 arrays = read_inputs(pb, request, INPUT_NAMES)
                 ensemble = wants_ensemble_names(arrays)
-                batch = parse_request(arrays, self.default_exclude_input, _timeout_us(request))
+                batch = parse_request(arrays, self.default_exclude_input, timeout_us(request))
                 if batch.stop:
                     self._stop(request.request_id())
                     sender.send(pb.InferenceResponse(output_tensors=[]), flags=self.final_flag)
@@ -141,10 +133,8 @@ class LLMTritonModel:
             except InvalidRequest as e:  # in the contract's names; through the ensemble also its own ones
                 message = in_tensor_names(str(e))      # "max_tokens" -> "request_output_len (max_tokens)"
                 self._fail(sender, with_client_names(message) if ensemble else message, pb.TritonError.INVALID_ARG)
-            except QueueFull as e:
-                self._fail(sender, str(e), pb.TritonError.UNAVAILABLE)
-            except Exception as e:  # never let one request take the model down
-                self._fail(sender, f"internal error: {e}", pb.TritonError.INTERNAL)
+            except Exception as e:  # QueueFull -> UNAVAILABLE; never let one request take the model down
+                self._fail(sender, *failure(pb, e, "tensorrt_llm"))
         return None
 
     def _fail(self, sender, message, code):
@@ -223,20 +213,16 @@ class LLMTritonModel:
 
 
 def _detokenizer_factory(args: dict, params: dict[str, str]):
-    """IncrementalDetokenizer factory for text_output (the two-step ensemble, contract.ensemble_steps): it
-    decodes exactly as the postprocessing step does. The tokenizer is tokenizer_dir's, else the
-    checkpoint's (the llmapi profile's config names only gpt_model_path); None when neither holds one."""
-    from ..text.detokenizer import IncrementalDetokenizer, tokenizer_traits
+    """IncrementalDetokenizer factory for text_output (the two-step ensemble, contract.ensemble_steps) over
+    tokenizer_dir: it decodes exactly as the postprocessing step does. None when there is no tokenizer."""
+    from ..text.detokenizer import detokenizer_factory
     from ..text.tokenizer import load_tokenizer, parse_bool
 
-    for key in ("tokenizer_dir", "gpt_model_path"):
-        value = params.get(key) or ""
-        if not value or value.startswith("${"):
-            continue
-        try:
-            tokenizer = load_tokenizer(model_path_param(args, params, key))
-        except (OSError, ValueError):
-            continue
-        traits, skip = tokenizer_traits(tokenizer), parse_bool(params.get("skip_special_tokens"), True)
-        return lambda: IncrementalDetokenizer(tokenizer, skip_special_tokens=skip, traits=traits)
-    return None
+    value = params.get("tokenizer_dir") or ""
+    if not value or value.startswith("${"):
+        return None
+    try:
+        tokenizer = load_tokenizer(model_path_param(args, params, "tokenizer_dir"))
+    except (OSError, ValueError):
+        return None
+    return detokenizer_factory(tokenizer, skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True))

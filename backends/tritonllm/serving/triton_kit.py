@@ -16,6 +16,14 @@ def read_inputs(pb_utils, request, names) -> dict:
     return arrays
 
 
+def timeout_us(request) -> int:
+    """The request's Triton timeout in microseconds (the ``timeout`` request parameter; 0 = none)."""
+    try:
+        return int(request.timeout() or 0)
+    except AttributeError:  # a python_backend before 23.12 does not pass it to the model
+        return 0
+
+
 def error_code(pb_utils, exc: BaseException):
     """The Triton code an exception stands for: errors.py's classes, anything else INTERNAL."""
     codes = pb_utils.TritonError

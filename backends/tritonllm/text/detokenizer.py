@@ -212,6 +212,17 @@ class IncrementalDetokenizer:
         return out
 
 
+def detokenizer_factory(tokenizer: Any, *, skip_special_tokens: bool = True):
+    """``factory(hold_byte_runs=True)`` -> a new IncrementalDetokenizer over ``tokenizer`` (traits read once):
+    one per sequence, as the postprocessing step and the engine's text_output make them."""
+    traits = tokenizer_traits(tokenizer)
+
+    def factory(hold_byte_runs: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens, traits=traits,
+                                      hold_byte_runs=hold_byte_runs)
+    return factory
+
+
 def detokenize_chunks(tokenizer: Any, chunks: Iterable[Iterable[int]], *, skip_special_tokens: bool = True) -> list[str]:
     """Deltas for each chunk, with the final flush appended to the last one (for tests and tools)."""
     d = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)

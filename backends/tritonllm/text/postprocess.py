@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .detokenizer import IncrementalDetokenizer, tokenizer_traits
+from .detokenizer import detokenizer_factory
 from .preprocess import InvalidInput
 from .stream_registry import DetokenizerRegistry
 
@@ -61,14 +61,9 @@ class Postprocessor:
 
     def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True, max_streams: int = 1024,
                  stream_ttl_s: float = 60.0, key_by_request_id: bool = False) -> None:
-        traits = tokenizer_traits(tokenizer)
         self.key_by_request_id = key_by_request_id
         self.vocab_size = len(tokenizer)
-
-        def factory(hold_byte_runs: bool = True) -> IncrementalDetokenizer:
-            return IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens, traits=traits,
-                                          hold_byte_runs=hold_byte_runs)
-
+        factory = detokenizer_factory(tokenizer, skip_special_tokens=skip_special_tokens)
         self._without_end = lambda: factory(hold_byte_runs=False)
         self.registry = DetokenizerRegistry(factory, max_entries=max_streams, ttl_s=stream_ttl_s)
 
