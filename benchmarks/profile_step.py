@@ -51,10 +51,10 @@ def attach(model, timed: Timed) -> None:
     for layer in model.layers:
         for name in ("qkv", "o", "gate_up", "down"):
             weight = getattr(layer, name)
-            if hasattr(weight, "native") and weight.native is not None:
-                weight.native = timed
+            if getattr(weight, "native", None) is not None:
+                weight.use_kernels(timed)
     if getattr(model.lm_head, "native", None) is not None:
-        model.lm_head.native = timed
+        model.lm_head.use_kernels(timed)
 
 
 def run(engine, batch: int, prompt_len: int, new: int) -> list[float]:

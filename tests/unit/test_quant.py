@@ -117,6 +117,51 @@ def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation
     assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5)
 
 
+def _block_layouts(w: torch.Tensor) -> dict:
+    """GGUF-style layouts (Int*Weight.from_blocks): fp16 scales (exact), 16-element half blocks."""
+    n, k = w.shape
+    g = torch.Generator().manual_seed(3)
+    d32 = (torch.rand(n, k // 32, generator=g) * 0.01 + 0.001).half().float()        # exactly fp16: kept so
+    m32 = (-(torch.rand(n, k // 32, generator=g) * 0.05)).half().float()
+    return {
+        "int4_f16": lambda: Int4Weight.from_blocks(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8),
+                                                   d32, m32, native=ext),
+        "int8_f16_zeros": lambda: Int8Weight.from_blocks(torch.randint(-128, 128, (n, k), generator=g,
+                                                                       dtype=torch.int8), d32, m32, native=ext),
+        "int8_half_blocks": lambda: Int8Weight.from_blocks(
+            torch.randint(-32, 32, (n, k), generator=g, dtype=torch.int8),
+            torch.rand(n, k // 16, generator=g) * 0.01 + 1e-3, None, native=ext),            # fp32 (not fp16-exact)
+    }
+
+
+@native
+@pytest.mark.parametrize("kind", ["int8", "int4", "int4_g128_sym", "int8_g64_zeros", "int4_f16", "int8_f16_zeros",
+                                  "int8_half_blocks"])
+def test_native_kernels_with_fp32_activations_are_the_float_matmul(kind):
+    """activation_quantization none: the codes widened in registers times fp32 activations equal the float matmul
+    of the dequantized weights up to fp32 summation order; int8 activations stay within their bound on the GGUF
+    layouts too (fp16 scales, 16-element half blocks)."""
+    torch.manual_seed(4)
+    n, k = 37, 256
+    w = torch.randn(n, k) * 0.05
+    layouts = {"int8": lambda: Int8Weight(w, ext), "int4": lambda: Int4Weight(w, 32, False, ext),
+               "int4_g128_sym": lambda: Int4Weight(w, 128, True, ext),
+               "int8_g64_zeros": lambda: _int8_groups(w, 64, True), **_block_layouts(w)}
+    q = layouts[kind]()
+    assert (q.dx.dtype == torch.float16) == ("f16" in kind)
+    assert (q.dx.shape[1] == k // 16) == (kind == "int8_half_blocks")
+    wd = q.dequant().double()
+    for m in (1, 3, 4, 5, 9, cpu_kernels.MAX_ROWS):
+        x, b = torch.randn(m, k), torch.randn(n)
+        ref = x.double() @ wd.t() + b.double()
+        q.use_kernels(ext, int8_activations=False)
+        exact = q.matmul(x, b).double()
+        assert ((exact - ref).abs() <= 1e-5 * (x.double().abs() @ wd.abs().t() + 1)).all(), (kind, m)
+        q.use_kernels(ext, int8_activations=True)
+        err = (q.matmul(x, b).double() - ref).abs()
+        assert (err <= _activation_bound(x.double(), wd) * 1.0001 + 1e-4).all(), (kind, m)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("llama"), "llama", **SHAPE)
@@ -180,9 +225,11 @@ def test_engine_native_int8_dot_products_follow_the_float_path(ckpt, quantizatio
     (measured ~1% per matmul on heavy-tailed activations): the logits stay within 10% of their scale, and
     the greedy token is the float path's on at least 10 of 12 random prompts (measured: 11 and 12; this
     random model has near-ties of 0.01-0.05 between its top two logits)."""
-    fast = LLMEngine(ckpt, EngineConfig(max_kv_tokens=256, quantization=quantization, cpu_kernels="native"))
+    fast = LLMEngine(ckpt, EngineConfig(max_kv_tokens=256, quantization=quantization, cpu_kernels="native",
+                                        activation_quantization="int8"))
     ref = LLMEngine(ckpt, EngineConfig(max_kv_tokens=256, quantization=quantization, cpu_kernels="torch"))
     assert isinstance(fast.model.layers[0].qkv, (Int8Weight, Int4Weight)) and fast.model.layers[0].qkv.native
+    assert fast.model.layers[0].qkv.int8_activations
     agree = 0
     for seed in range(12):
         prompt = torch.randint(3, 211, (12,), generator=torch.Generator().manual_seed(seed)).tolist()

@@ -36,6 +36,7 @@ class EngineConfig:
     tokenizer_dir: str | None = None     # for guided decoding; defaults to the checkpoint directory
     quantization: str = default("quantization")
     quant_group_size: int = default("quant_group_size")
+    activation_quantization: str = default("activation_quantization")
     fp8_matmul: str = default("fp8_matmul")
     kv_cache_dtype: str = default("kv_cache_dtype")
     cpu_kernels: str = default("cpu_kernels")

@@ -36,12 +36,19 @@ STALE_LOCK_S = 600  # a build takes ~60 s; a lock this old belongs to a killed b
 MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_kernels: 0.9x at M = 128)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp", "qgemm_cpu.cpp")]
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 
 
 def cpu_supported() -> bool:
-    return (platform.machine().lower() in ("x86_64", "amd64")
-            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+    """x86 with AVX2 + FMA (torch's capability) and F16C (fp16 scales; every AVX2 CPU has it, checked anyway)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or \
+            torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return " f16c" in f.read()
+    except OSError:  # no /proc (not Linux): AVX2 implies F16C on every shipped CPU
+        return True
 
 
 @functools.lru_cache(maxsize=1)

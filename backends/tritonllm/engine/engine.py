@@ -45,7 +45,8 @@ class LLMEngine:
                                          fp8_matmul=self.config.fp8_matmul,
                                          cpu_kernels=self.config.cpu_kernels,
                                          quantization=self.config.quantization,
-                                         quant_group_size=self.config.quant_group_size)
+                                         quant_group_size=self.config.quant_group_size,
+                                         activation_quantization=self.config.activation_quantization)
         spec = self.model.spec
         self.spec = spec
         self.lora = LoraSet.load(self.config.lora_adapters, spec, self.model.device, self.model.dtype)
@@ -70,7 +71,8 @@ class LLMEngine:
             from .draft_model import DraftModel
 
             draft = load_model(self.config.draft_model_path, self.config.device, self.config.dtype,
-                               cpu_kernels=self.config.cpu_kernels)
+                               cpu_kernels=self.config.cpu_kernels,
+                               activation_quantization=self.config.activation_quantization)
             extra = self.config.max_num_seqs * -(-self.config.max_draft_len // bs)  # lookahead slots
             self.drafter = DraftModel(draft, spec.vocab_size, num_blocks + extra, bs)
         self.requests = self.scheduler.requests  # id -> every request in the engine (the scheduler keeps it)

@@ -24,10 +24,10 @@ class GrammarBackend:
             import xgrammar as xgr
         except ImportError as e:  # pragma: no cover - xgrammar is a listed dependency
             raise InvalidRequest("guided decoding needs the xgrammar package") from e
-        from transformers import AutoTokenizer
+        from ..model_files import load_hf_tokenizer
 
         self._xgr = xgr
-        tok = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False, local_files_only=True)
+        tok = load_hf_tokenizer(tokenizer_dir)  # a folder or a GGUF file
         self.info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         self._lock = threading.Lock()  # compile from request threads, one at a time

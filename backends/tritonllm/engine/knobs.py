@@ -110,6 +110,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("quantization", "quantization", str, "none", "weights quantized at load", allowed=QUANTIZATIONS),
     Knob("quant_group_size", "quant_group_size", int, 32, "int4: weights per scale / zero point",
          allowed=(32, 64, 128)),
+    Knob("activation_quantization", "activation_quantization", str, "none",
+         "int8 / int4 weights' few-row matmuls on CPU: none = fp32 activations against the weights dequantized in "
+         "registers (the float model of those weights: HF-exact greedy); int8 = activations rounded per 32-block "
+         "for integer dot products (llama.cpp's way: faster when compute-bound, error bounded)",
+         allowed=("none", "int8")),
     Knob("fp8_matmul", "fp8_matmul", str, "auto", "fp8: scaled FP8 matmuls (SM >= 8.9) or dequantize",
          allowed=("auto", "scaled", "dequant")),
     Knob("kv_cache_dtype", "kv_cache_dtype", str, "auto", "KV cache: compute dtype, fp8 or int8",

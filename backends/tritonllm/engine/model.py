@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import cpu_kernels as native_kernels
 from .fp8 import FP8Weight, load, store, wants_scaled_mm
-from .quant import Int4Weight, Int8Weight, quantize
+from .quant import Int4Weight, Int8Weight, RowStack, quantize
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet
 
@@ -56,12 +56,21 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _fuse(parts: list):
-    """Rows of projections over one input: float tensors, or a checkpoint's Int4Weights / Int8Weights."""
+    """Rows of projections over one input: float tensors, or a checkpoint's Int4Weights / Int8Weights (GGUF mixes
+    them within a layer, e.g. Q4_K q / k with a Q6_K v: one RowStack)."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts, 0).contiguous()
     for cls in (Int4Weight, Int8Weight):
         if all(isinstance(p, cls) for p in parts):
             return cls.cat(parts)
+    if not any(isinstance(p, torch.Tensor) for p in parts):  # neighbours of one class fuse: fewer kernel calls
+        runs: list[list] = []
+        for p in parts:
+            if runs and type(runs[-1][0]) is type(p):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        return RowStack([run[0] if len(run) == 1 else type(run[0]).cat(run) for run in runs])
     raise ValueError("a fused projection mixes quantized and float weights")
 
 
@@ -91,7 +100,8 @@ class Transformer:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device,
                  dtype: torch.dtype, fp8_weights: bool = False, fp8_matmul: str = "auto",
-                 cpu_kernels: str = "auto", quantization: str = "none", quant_group_size: int = 32) -> None:
+                 cpu_kernels: str = "auto", quantization: str = "none", quant_group_size: int = 32,
+                 activation_quantization: str = "none") -> None:
         self.spec = spec
         self.kv_scale = 1.0
         self.device = device
@@ -122,15 +132,27 @@ class Transformer:
                     weight = getattr(self.layers[-1], name)
                     if isinstance(weight, torch.Tensor):
                         setattr(self.layers[-1], name, quantize(weight, mode, quant_group_size, sym, self.native))
-                    else:  # a checkpoint's own codes (AWQ / GPTQ / compressed-tensors)
-                        weight.native = self.native if weight.shape[1] % 32 == 0 else None  # the kernels' block
-        if quantization in ("int8", "int4", "int4_sym"):  # the LM head in int8: the largest matrix of small models
-            self.lm_head = quantize(self.lm_head, "int8", native=self.native)
+        if quantization in ("int8", "int4", "int4_sym") and isinstance(self.lm_head, torch.Tensor):
+            self.lm_head = quantize(self.lm_head, "int8", native=self.native)  # the largest matrix of small models
+        for weight in self._quantized():  # codes and scales: at load, or a checkpoint's own (AWQ / GPTQ / GGUF ...)
+            weight.use_kernels(self.native, int8_activations=activation_quantization == "int8")
         inv_freq, self.rope_scale = rope_inv_freq(spec, device)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
         self.scale = spec.head_dim ** -0.5
+
+    def _quantized(self) -> list:
+        """Every weight held as codes and scales (each prepares its own native form)."""
+        found = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        found += [self.embed, self.lm_head]
+        return [w for w in {id(w): w for w in found}.values() if hasattr(w, "use_kernels")]
+
+    def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings; a quantized table (GGUF) dequantizes the rows it looks up."""
+        if isinstance(self.embed, torch.Tensor):
+            return F.embedding(input_ids, self.embed)
+        return self.embed.rows(input_ids, self.dtype)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]
@@ -143,7 +165,7 @@ class Transformer:
                 logits_rows: torch.Tensor) -> torch.Tensor:
         """Runs the new tokens, writes their K/V into the cache, returns fp32 logits of `logits_rows`."""
         spec, linear = self.spec, self.linear
-        h = F.embedding(input_ids, self.embed)
+        h = self.embed_rows(input_ids)
         if self.embed_scale is not None:
             h = h * self.embed_scale
         cos2, sin2 = self.rope(positions)

@@ -29,10 +29,18 @@ QK = 32  # the native kernels' block
 
 class _Packed:
     """What Int8Weight and Int4Weight share: the stored input order (``perm``, GPTQ act order: x[:, perm] @ W^T
-    is the product), fusing rows over one input (``cat``), moving to a device."""
+    is the product), fusing rows over one input (``cat``), moving to a device, the scales' storage type."""
 
     perm = None
     TENSORS: tuple[str, ...] = ()
+
+    def _store_scales(self, dx: torch.Tensor, mx: torch.Tensor | None) -> None:
+        """fp16 when every scale and shift is exactly a float16 (a GGUF file's own d and m), else fp32: half the
+        scale bytes where nothing is lost (the kernels read either)."""
+        dx, mx = dx.float(), None if mx is None else mx.float()
+        if all(t is None or torch.equal(t.half().float(), t) for t in (dx, mx)):
+            dx, mx = dx.half(), None if mx is None else mx.half()
+        self.dx, self.mx = dx.contiguous(), None if mx is None else mx.contiguous()
 
     @classmethod
     def cat(cls, parts: list):
@@ -54,10 +62,19 @@ class _Packed:
         self = cls.__new__(cls)
         self.__dict__.update(parts[0].__dict__)
         self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
-        for name in self.TENSORS:
-            if getattr(parts[0], name) is not None:
-                setattr(self, name, torch.cat([getattr(p, name) for p in parts]).contiguous())
+        self.qx = torch.cat([p.qx for p in parts]).contiguous()
+        self._store_scales(torch.cat([p.dx.float() for p in parts]),
+                           None if parts[0].mx is None else torch.cat([p.mx.float() for p in parts]))
         return self
+
+    int8_activations = True  # the native few-row matmul quantizes activations per 32-block (else fp32 activations)
+
+    def use_kernels(self, native, int8_activations: bool = True) -> None:
+        """Multiply with the native kernels ``native`` (None: torch) where the layout allows (whole 32-blocks),
+        with activations quantized to int8 (llama.cpp's way) or kept in fp32 (the dequantized weights' float
+        product)."""
+        self.native = native if native is not None and self.shape[1] % QK == 0 else None
+        self.int8_activations = int8_activations
 
     def to(self, device: torch.device):
         for name in self.TENSORS:
@@ -137,8 +154,22 @@ class Int8Weight(_Packed):
         self.perm = None if perm is None else perm.to(torch.long)
         return self
 
+    @classmethod
+    def from_blocks(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, native=None) -> "Int8Weight":
+        """Signed codes [N, K] with a scale per 32-element block (d [N, K / 32], weight = d * q + m, m [N, K / 32]
+        or None) or per 16-element half block (d [N, K / 16], no m): GGUF's Q8_0 / Q5_x / Q6_K blocks as they are."""
+        n, k = codes.shape
+        if k % QK or d.shape not in ((n, k // QK), (n, 2 * k // QK)) or (m is not None and m.shape != (n, k // QK)) \
+                or (m is not None and d.shape[1] != k // QK):
+            raise ValueError(f"int8 blocks: codes {list(codes.shape)} with scales {list(d.shape)}"
+                             f"{'' if m is None else f' and shifts {list(m.shape)}'} do not fit")
+        self = cls.__new__(cls)
+        self._set(codes, d, m, k // d.shape[1], native)
+        return self
+
     def _set(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group_size: int, native) -> None:
-        """q [N, K] signed codes; d [N] (per row) or [N, K / 32] with m [N, K / 32] or None."""
+        """q [N, K] signed codes; d [N] (per row), [N, K / 32] with m [N, K / 32] or None, or [N, K / 16]
+        (half blocks: the kernel's two accumulators per block) without m."""
         n, k = q.shape
         self.shape, self.group_size, self.perm = (n, k), group_size, None
         self.native = native if k % QK == 0 else None
@@ -147,8 +178,8 @@ class Int8Weight(_Packed):
         if kp != k:
             q = torch.cat((q, q.new_zeros(q.shape[0], kp - k)), dim=1)
         self.qx = _interleave(q, 8).reshape(groups, kp // QK, 8, 32).contiguous()
-        self.dx = _pad_rows(d.float(), groups).reshape(groups, 8).contiguous() if d.dim() == 1 else _block_scales(d, groups)
-        self.mx = None if m is None else _block_scales(m, groups)
+        self._store_scales(_pad_rows(d.float(), groups).reshape(groups, 8) if d.dim() == 1 else _block_scales(d, groups),
+                           None if m is None else _block_scales(m, groups))
 
     @classmethod
     def _fuse(cls, parts: list):
@@ -162,7 +193,8 @@ class Int8Weight(_Packed):
         return self
 
     def layout(self) -> tuple:
-        return (self.dx.dim(), self.mx is not None, self.group_size if self.dx.dim() == 3 else None)
+        return (self.dx.dim(), self.mx is not None, self.group_size if self.dx.dim() == 3 else None,
+                self.dx.shape[1] if self.dx.dim() == 3 else None)
 
     @property
     def q(self) -> torch.Tensor:
@@ -173,38 +205,50 @@ class Int8Weight(_Packed):
 
     @property
     def d(self) -> torch.Tensor:
-        """Scales [N] (per row) or [N, K / 32] (per row and block)."""
+        """Scales [N] (per row), [N, K / 32] (per row and block) or [N, K / 16] (per half block), fp32."""
         n = self.shape[0]
-        return self.dx.reshape(-1)[:n] if self.dx.dim() == 2 else _row_scales(self.dx, n)
+        return (self.dx.reshape(-1)[:n] if self.dx.dim() == 2 else _row_scales(self.dx, n)).float()
 
     @property
     def m(self) -> torch.Tensor | None:
-        return None if self.mx is None else _row_scales(self.mx, self.shape[0])
+        return None if self.mx is None else _row_scales(self.mx, self.shape[0]).float()
 
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        n, k = self.shape
-        q, d = self.q.float(), self.d
+        return self._in_model_order(self._values(self.q, self.d, self.m)).to(dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float rows ``ids`` of the weight (a quantized embedding's lookup), as ``dequant()[ids]``."""
+        g, r = ids // 8, ids % 8
+        nb = self.qx.shape[1]
+        q = self.qx.view(self.qx.shape[0], nb, 8, 8, 4)[g, :, :, r, :].reshape(len(ids), nb * QK)[:, :self.shape[1]]
+        d = (self.dx[g, r] if self.dx.dim() == 2 else self.dx[g, :, r]).float()
+        m = None if self.mx is None else self.mx[g, :, r].float()
+        return self._in_model_order(self._values(q, d, m)).to(dtype)
+
+    @staticmethod
+    def _values(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+        """codes [R, K] * scales (per row [R] or per block [R, K / block]) + shifts [R, K / 32]: the kernels'
+        formula, one rounding per weight."""
+        n, k = q.shape
+        q = q.float()
         if d.dim() == 1:
-            w = q * d[:, None]
-        else:
-            w = (q.reshape(n, k // QK, QK) * d[..., None] + (0 if self.mx is None else self.m[..., None])).reshape(n, k)
-        return self._in_model_order(w).to(dtype)
+            return q * d[:, None]
+        w = (q.reshape(n, d.shape[1], -1) * d[..., None]).reshape(n, k)
+        return w if m is None else (w.reshape(n, m.shape[1], -1) + m[..., None]).reshape(n, k)
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.native is not None and _native_prefill(x):
             return _torch_linear(self._stored_order(x), self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0]), b)
         if self.native is not None and native_rows(x):
-            return self.native.linear_q8x8(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
+            kernel = self.native.linear_q8x8 if self.int8_activations else self.native.linear_q8x8_f32
+            return kernel(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
                                            self.shape[0])
         return _torch_linear(x, self.dequant(x.dtype), b)
 
     @property
     def nbytes(self) -> int:
-        n, k = self.shape
-        if self.dx.dim() == 2:
-            return n * k + n * 4
-        per_group = (1 if self.mx is None else 2) * 4 * (k // self.group_size)
-        return n * k + n * per_group
+        """Bytes held: codes (with padding) and scales, as stored."""
+        return sum(t.numel() * t.element_size() for t in (self.qx, self.dx, self.mx) if t is not None)
 
 
 class Int4Weight(_Packed):
@@ -253,6 +297,18 @@ class Int4Weight(_Packed):
         self.perm = None if perm is None else perm.to(torch.long).contiguous()
         return self
 
+    @classmethod
+    def from_blocks(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, native=None) -> "Int4Weight":
+        """Codes [N, K] (0..15) with d and m [N, K / 32] per 32-element block (weight = d * q + m): GGUF's Q4_0 /
+        Q4_1 / Q4_K blocks as they are."""
+        n, k = codes.shape
+        if k % QK or d.shape != (n, k // QK) or m.shape != (n, k // QK):
+            raise ValueError(f"int4 blocks: codes {list(codes.shape)} with scales {list(d.shape)} and shifts "
+                             f"{list(m.shape)} do not fit")
+        self = cls.__new__(cls)
+        self._set(codes, d, m, QK, native)
+        return self
+
     def _set(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int, native) -> None:
         """q [N, K] codes, d and m [N, K / 32] per block."""
         n, k = q.shape
@@ -260,7 +316,7 @@ class Int4Weight(_Packed):
         groups, nb = -(-n // 8), k // QK
         c = _interleave(_pad_rows(q.to(torch.uint8), groups), 8)                # [G, nb, t, r, j]
         self.qx = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(groups, nb, 4, 32).contiguous()
-        self.dx, self.mx = _block_scales(d, groups), _block_scales(m, groups)
+        self._store_scales(_block_scales(d, groups), _block_scales(m, groups))
 
     @classmethod
     def _fuse(cls, parts: list):
@@ -277,12 +333,12 @@ class Int4Weight(_Packed):
 
     @property
     def d(self) -> torch.Tensor:
-        """Scales [N, K / 32], per row and block."""
-        return _row_scales(self.dx, self.shape[0])
+        """Scales [N, K / 32], per row and block, fp32."""
+        return _row_scales(self.dx, self.shape[0]).float()
 
     @property
     def m(self) -> torch.Tensor:
-        return _row_scales(self.mx, self.shape[0])
+        return _row_scales(self.mx, self.shape[0]).float()
 
     def codes(self) -> torch.Tensor:
         """The unpacked codes [N, K] (0..15), in the stored input order."""
@@ -293,22 +349,35 @@ class Int4Weight(_Packed):
 
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight [N, K] in the model's input order."""
-        n, k = self.shape
-        q = self.codes().float().reshape(n, k // QK, QK)
-        return self._in_model_order((q * self.d[..., None] + self.m[..., None]).reshape(n, k)).to(dtype)
+        return self._in_model_order(self._values(self.codes(), self.d, self.m)).to(dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float rows ``ids`` of the weight (a quantized embedding's lookup), as ``dequant()[ids]``."""
+        g, r = ids // 8, ids % 8
+        nb = self.qx.shape[1]
+        p = self.qx.view(self.qx.shape[0], nb, 4, 8, 4)[g, :, :, r, :]                # [R, nb, t, j]
+        q = torch.cat((p & 0x0F, p >> 4), dim=2).reshape(len(ids), nb * QK)
+        return self._in_model_order(self._values(q, self.dx[g, :, r].float(), self.mx[g, :, r].float())).to(dtype)
+
+    @staticmethod
+    def _values(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        n, k = q.shape
+        return (q.float().reshape(n, k // QK, QK) * d[..., None] + m[..., None]).reshape(n, k)
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.native is not None and _native_prefill(x):
             return _torch_linear(self._stored_order(x), self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0]), b)
         if self.native is not None and native_rows(x):
-            return self.native.linear_q4x8(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
+            kernel = self.native.linear_q4x8 if self.int8_activations else self.native.linear_q4x8_f32
+            return kernel(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
                                            self.shape[0])
         return _torch_linear(x, self.dequant(x.dtype), b)
 
     @property
     def nbytes(self) -> int:
-        n, k = self.shape
-        return n * k // 2 + n * (k // QK) * 8 // (self.group_size // QK)
+        """Bytes held: packed codes (with padding) and scales, as stored (a group of 64 / 128 repeats its pair per
+        32-block)."""
+        return sum(t.numel() * t.element_size() for t in (self.qx, self.dx, self.mx))
 
 
 class RowStack:
@@ -322,10 +391,13 @@ class RowStack:
     def native(self):
         return self.parts[0].native
 
-    @native.setter
-    def native(self, ext) -> None:
+    def use_kernels(self, native, int8_activations: bool = True) -> None:
         for p in self.parts:
-            p.native = ext
+            p.use_kernels(native, int8_activations)
+
+    def to(self, device: torch.device):
+        self.parts = [p.to(device) for p in self.parts]
+        return self
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         y = torch.cat([p.matmul(x, None) for p in self.parts], dim=1)

@@ -23,21 +23,16 @@ CHAT_MODES = ("off", "auto", "on")
 {role, content} messages. on: always apply it; plain text becomes one user message."""
 
 
-def load_tokenizer(directory: str | os.PathLike[str]) -> Any:
-    """Return a fast tokenizer read from ``directory`` (tokenizer.json + tokenizer_config.json).
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """Return a fast tokenizer read from ``path``: a folder (tokenizer.json + tokenizer_config.json) or a GGUF
+    file (its metadata's tokenizer and chat template; ``model_files``).
 
-    Raises FileNotFoundError when the directory does not exist, ValueError when what it holds is
+    Raises FileNotFoundError when the path does not exist, ValueError when what it holds is
     not a fast tokenizer.
     """
-    from transformers import AutoTokenizer  # heavy import: only where a tokenizer is needed
+    from ..model_files import load_hf_tokenizer
 
-    path = os.fspath(directory)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"tokenizer directory not found: {path}")
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False, use_fast=True)
-    if not hasattr(tok, "backend_tokenizer"):
-        raise ValueError(f"tokenizer in {path} is not a fast (tokenizers-backed) tokenizer")
-    return tok
+    return load_hf_tokenizer(path)
 
 
 def parse_chat_messages(text: str) -> list[dict[str, str]] | None:
@@ -74,7 +69,7 @@ def _first_id(value: Any) -> int | None:
 
 def _id_from_model_files(directory: str, key: str) -> int | None:
     """Look ``key`` up in generation_config.json, then config.json (eos may be a list there)."""
-    for name in ("generation_config.json", "config.json"):
+    for name in ("generation_config.json", "config.json"):  # a GGUF file has none: its tokenizer names eos
         path = os.path.join(directory, name)
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
@@ -88,12 +83,10 @@ def max_prompt_bytes(tokenizer: Any, directory: str | None) -> int | None:
     """A byte length beyond which a prompt surely exceeds the model's context, so it can be refused
     before tokenizing (tokenizing megabytes takes minutes): context tokens x the longest token's bytes
     (UTF-8 of the vocabulary strings, an upper bound for byte-level and SentencePiece vocabularies)."""
-    context = None
-    path = os.path.join(directory, "config.json") if directory else ""
-    if path and os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            context = json.load(f).get("max_position_embeddings")
-    if not isinstance(context, int) or context <= 0:
+    from ..model_files import context_length
+
+    context = context_length(directory)
+    if context is None:
         return None
     longest = max((len(t.encode("utf-8")) for t in tokenizer.get_vocab()), default=1)
     return context * max(longest, 1)

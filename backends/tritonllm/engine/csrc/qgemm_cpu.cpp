@@ -115,10 +115,19 @@ void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tenso
 // row's partial dot product in its own lane: no horizontal sums, and a block's scales are one vector
 // multiply for 8 rows.
 //   int8: 8 chunks of 32 bytes per group and block, codes -128..127; d [G, 8] per row, or d and m
-//         [G, nb, 8] per row and block (checkpoints' 8-bit groups: weight = d * q + m).
+//         [G, nb, 8] per row and block (checkpoints' 8-bit groups: weight = d * q + m), or d [G, 2 nb, 8] per
+//         row and 16-element half block (GGUF's Q6_K / Q3_K), no m.
 //   int4: 4 chunks of 32 bytes, the low nibble for input 4t + j, the high one for 4(t + 4) + j; codes 0..15,
 //         d and m [G, nb, 8] (weight = d * q + m, m = -d * zero point).
-struct X8Args { const uint8_t* w; const float* d; const float* m; const float* b; float* y; int64_t M, K, N; };
+//   Scales (d, m) are fp32, or fp16 where every one of a weight's is exactly a float16 (GGUF's Q4_0 / Q4_1 /
+//   Q8_0 blocks: half the scale bytes, a fifth of an int4 weight's traffic); the tiles take their type S.
+struct X8Args { const uint8_t* w; const void* d; const void* m; const float* b; float* y; int64_t M, K, N; };
+
+template <typename S> inline __m256 load8(const S* p);
+template <> inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
+template <> inline __m256 load8<at::Half>(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
@@ -140,40 +149,50 @@ inline void store8(const X8Args& a, const __m256 (&acc)[MB], int64_t g, int64_t 
 // int8: maddubs wants one unsigned side, so |w| x sign(x, w). A code of -128 is safe: sign(w, w) leaves 0x80,
 // read as unsigned 128, and a pair sums to at most 2 * 128 * 127 = 32512 < 32767 (activations stay in +-127);
 // two pairs may not, so each chunk is widened to int32 (madd) before it is added.
-template <bool PER_BLOCK, int MB>
+// HALF (d [G, 2 K/32, 8], GGUF's 16-element sub-blocks): chunks 0-3 of a block (inputs 0-15) and 4-7 (16-31) add
+// up in two accumulators, each scaled by its own half's d.
+template <typename S, bool PER_BLOCK, bool HALF, int MB>
 inline void q8x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
   const int64_t nb = a.K / QK;
   const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t* wg = a.w + g * nb * 256;
+  const S* d = static_cast<const S*>(a.d);
+  const S* mm = static_cast<const S*>(a.m);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t blk = 0; blk < nb; ++blk) {
-    __m256i s32[MB];
-    for (int m = 0; m < MB; ++m) s32[m] = _mm256_setzero_si256();
+    __m256i s32[MB], h32[MB];
+    for (int m = 0; m < MB; ++m) s32[m] = h32[m] = _mm256_setzero_si256();
     for (int t = 0; t < 8; ++t) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 256 + t * 32));
       const __m256i aw = _mm256_sign_epi8(w, w);
       for (int m = 0; m < MB; ++m) {
         const __m256i xs = _mm256_sign_epi8(bcast4(x.q.data() + (m0 + m) * a.K + blk * QK + 4 * t), w);
-        s32[m] = _mm256_add_epi32(s32[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones);
+        if (HALF && t >= 4) h32[m] = _mm256_add_epi32(h32[m], p);
+        else s32[m] = _mm256_add_epi32(s32[m], p);
       }
     }
     for (int m = 0; m < MB; ++m) {
       const int64_t row = m0 + m;
       const __m256 dot = _mm256_cvtepi32_ps(s32[m]);
-      if (PER_BLOCK) {
-        const __m256 dv = _mm256_loadu_ps(a.d + (g * nb + blk) * 8);
+      if (HALF) {
+        const __m256 xd = _mm256_set1_ps(x.d[row * nb + blk]);
+        const S* dh = d + (g * nb + blk) * 16;
+        acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(load8(dh), xd), acc[m]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h32[m]), _mm256_mul_ps(load8(dh + 8), xd), acc[m]);
+      } else if (PER_BLOCK) {
+        const __m256 dv = load8(d + (g * nb + blk) * 8);
         acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row * nb + blk])), acc[m]);
-        if (a.m)
-          acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a.m + (g * nb + blk) * 8), _mm256_set1_ps(x.ds[row * nb + blk]),
-                                   acc[m]);
+        if (mm)
+          acc[m] = _mm256_fmadd_ps(load8(mm + (g * nb + blk) * 8), _mm256_set1_ps(x.ds[row * nb + blk]), acc[m]);
       } else {
         acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(x.d[row * nb + blk]), acc[m]);
       }
     }
   }
   if (!PER_BLOCK) {
-    const __m256 dv = _mm256_loadu_ps(a.d + g * 8);
+    const __m256 dv = load8(d + g * 8);
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
   }
   store8<MB>(a, acc, g, m0);
@@ -181,13 +200,13 @@ inline void q8x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_
 
 // int4: the 8 maddubs of a block add up in int16 without overflow: each lane is at most 2 * 15 * 127 = 3810,
 // eight of them 30480 < 32767.
-template <int MB>
+template <typename S, int MB>
 inline void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
   const int64_t nb = a.K / QK;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const uint8_t* wg = a.w + g * nb * 128;
-  const float* dg = a.d + g * nb * 8;
-  const float* mg = a.m + g * nb * 8;
+  const S* dg = static_cast<const S*>(a.d) + g * nb * 8;
+  const S* mg = static_cast<const S*>(a.m) + g * nb * 8;
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t blk = 0; blk < nb; ++blk) {
@@ -202,7 +221,7 @@ inline void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_
         s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(hi, bcast4(xb + 4 * (t + 4))));
       }
     }
-    const __m256 dv = _mm256_loadu_ps(dg + blk * 8), mv = _mm256_loadu_ps(mg + blk * 8);
+    const __m256 dv = load8(dg + blk * 8), mv = load8(mg + blk * 8);
     for (int m = 0; m < MB; ++m) {
       const int64_t row = m0 + m;
       const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[m], ones));
@@ -238,63 +257,68 @@ void check_x8(const torch::Tensor& q, int64_t chunks, c10::ScalarType dtype, int
   TORCH_CHECK(N > (q.size(0) - 1) * 8 && N <= q.size(0) * 8, name, ": N must fill the last group of 8 rows");
 }
 
-void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, const char* name) {
-  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
-              name,
-              ": scales ", at::IntArrayRef(shape), " float32 expected, got ", t.sizes());
+// d (and m, of d's dtype): fp32 or fp16, contiguous, of the given shape.
+void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, c10::ScalarType dtype, const char* name) {
+  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && (dtype == at::kFloat || dtype == at::kHalf) &&
+                  t.scalar_type() == dtype && t.is_contiguous() && t.is_cpu(),
+              name, ": scales ", at::IntArrayRef(shape), " float32 or float16 (all of one weight's alike) expected, got ",
+              t.sizes(), " ", t.scalar_type());
 }
 
 torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                           const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
   check_x8(q, 4, at::kByte, N, "linear_q4x8");
   const int64_t G = q.size(0), K = q.size(1) * QK;
-  check_scales(d, {G, K / QK, 8}, "linear_q4x8 d");
-  check_scales(m, {G, K / QK, 8}, "linear_q4x8 m");
+  check_scales(d, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8 d");
+  check_scales(m, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8 m");
   check_x(x, K, b, N);
   const bool has_b = b.has_value() && b->defined();
-  const X8Args a{q.data_ptr<uint8_t>(), d.data_ptr<float>(), m.data_ptr<float>(),
-                 has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N};
-  return run_x8(x, a, q4x8_tile<1>, q4x8_tile<4>, q4x8_tile<8>, G);
+  const X8Args a{q.data_ptr<uint8_t>(), d.data_ptr(), m.data_ptr(), has_b ? b->data_ptr<float>() : nullptr, nullptr, 0,
+                 K, N};
+  if (d.scalar_type() == at::kHalf)
+    return run_x8(x, a, q4x8_tile<at::Half, 1>, q4x8_tile<at::Half, 4>, q4x8_tile<at::Half, 8>, G);
+  return run_x8(x, a, q4x8_tile<float, 1>, q4x8_tile<float, 4>, q4x8_tile<float, 8>, G);
 }
 
-// d [G, 8]: one scale per row; d [G, K/32, 8]: per row and block, with m (zero shares) or without.
+template <typename S>
+torch::Tensor run_q8x8(const torch::Tensor& x, const X8Args& a, bool per_block, bool half, int64_t G) {
+  if (half) return run_x8(x, a, q8x8_tile<S, true, true, 1>, q8x8_tile<S, true, true, 4>, q8x8_tile<S, true, true, 8>, G);
+  if (per_block)
+    return run_x8(x, a, q8x8_tile<S, true, false, 1>, q8x8_tile<S, true, false, 4>, q8x8_tile<S, true, false, 8>, G);
+  return run_x8(x, a, q8x8_tile<S, false, false, 1>, q8x8_tile<S, false, false, 4>, q8x8_tile<S, false, false, 8>, G);
+}
+
+// d [G, 8]: one scale per row; d [G, K/32, 8]: per row and block, with m (zero shares) or without; d [G, K/16, 8]:
+// per row and half block, without m.
 torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                           const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
   check_x8(q, 8, at::kChar, N, "linear_q8x8");
   const int64_t G = q.size(0), K = q.size(1) * QK;
   const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
-  check_scales(d, per_block ? std::vector<int64_t>{G, K / QK, 8} : std::vector<int64_t>{G, 8}, "linear_q8x8 d");
-  TORCH_CHECK(!has_m || per_block, "linear_q8x8: m needs per-block d");
-  if (has_m) check_scales(*m, {G, K / QK, 8}, "linear_q8x8 m");
+  const bool half = per_block && d.size(1) == 2 * (K / QK);
+  check_scales(d, per_block ? std::vector<int64_t>{G, (half ? 2 : 1) * K / QK, 8} : std::vector<int64_t>{G, 8},
+               d.scalar_type(), "linear_q8x8 d");
+  TORCH_CHECK(!has_m || (per_block && !half), "linear_q8x8: m needs per-block d (of whole blocks)");
+  if (has_m) check_scales(*m, {G, K / QK, 8}, d.scalar_type(), "linear_q8x8 m");
   check_x(x, K, b, N);
   const bool has_b = b.has_value() && b->defined();
-  const X8Args a{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), d.data_ptr<float>(),
-                 has_m ? m->data_ptr<float>() : nullptr, has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N};
-  if (per_block) return run_x8(x, a, q8x8_tile<true, 1>, q8x8_tile<true, 4>, q8x8_tile<true, 8>, G);
-  return run_x8(x, a, q8x8_tile<false, 1>, q8x8_tile<false, 4>, q8x8_tile<false, 8>, G);
+  const X8Args a{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), d.data_ptr(), has_m ? m->data_ptr() : nullptr,
+                 has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N};
+  if (d.scalar_type() == at::kHalf) return run_q8x8<at::Half>(x, a, per_block, half, G);
+  return run_q8x8<float>(x, a, per_block, half, G);
 }
 
-// The float weight [N, K] of an interleaved int8 / int4 layout, for prefill-sized inputs: there oneDNN's fp32
-// GEMM outruns the int8 dot products (maddubs-bound) and needs the weight once per call (quant.py).
-torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c10::optional<torch::Tensor>& m,
-                         int64_t N) {
-  const bool int4 = q.scalar_type() == at::kByte;
-  check_x8(q, int4 ? 4 : 8, int4 ? at::kByte : at::kChar, N, "dequant_x8");
-  const int64_t G = q.size(0), nb = q.size(1), K = nb * QK;
-  const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
-  check_scales(d, per_block ? std::vector<int64_t>{G, nb, 8} : std::vector<int64_t>{G, 8}, "dequant_x8 d");
-  if (has_m) check_scales(*m, {G, nb, 8}, "dequant_x8 m");
-  auto w = torch::empty({N, K}, torch::kFloat);
-  const uint8_t* qp = static_cast<const uint8_t*>(q.data_ptr());  // int8 codes read as bytes, cast back below
-  const float* dp = d.data_ptr<float>();
-  const float* mp = has_m ? m->data_ptr<float>() : nullptr;
-  float* wp = w.data_ptr<float>();
+template <typename S>
+void dequant_x8_into(const uint8_t* qp, const S* dp, const S* mp, float* wp, bool int4, bool per_block,
+                     int64_t halves, int64_t G, int64_t nb, int64_t N) {
+  const int64_t K = nb * QK;
   at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)
       for (int64_t blk = 0; blk < nb; ++blk)
         for (int r = 0; r < 8 && g * 8 + r < N; ++r) {
-          const float scale = per_block ? dp[(g * nb + blk) * 8 + r] : dp[g * 8 + r];
-          const float shift = mp ? mp[(g * nb + blk) * 8 + r] : 0.f;
+          const S* scales = per_block ? dp + (g * nb + blk) * halves * 8 + r : dp + g * 8 + r;
+          const float scale = static_cast<float>(scales[0]);
+          const float shift = mp ? static_cast<float>(mp[(g * nb + blk) * 8 + r]) : 0.f;
           float* row = wp + (g * 8 + r) * K + blk * QK;
           if (int4) {
             const uint8_t* c = qp + (g * nb + blk) * 128 + 4 * r;
@@ -306,13 +330,201 @@ torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c
               }
           } else {
             const uint8_t* c = qp + (g * nb + blk) * 256 + 4 * r;
-            for (int t = 0; t < 8; ++t)
-              for (int j = 0; j < 4; ++j)
-                row[4 * t + j] = static_cast<float>(static_cast<int8_t>(c[t * 32 + j])) * scale + shift;
+            for (int t = 0; t < 8; ++t) {
+              const float s = halves == 2 && t >= 4 ? static_cast<float>(scales[8]) : scale;
+              for (int j = 0; j < 4; ++j) {
+                const float v = static_cast<float>(static_cast<int8_t>(c[t * 32 + j])) * s;
+                row[4 * t + j] = mp ? v + shift : v;
+              }
+            }
           }
         }
   });
+}
+
+// The float weight [N, K] of an interleaved int8 / int4 layout, for prefill-sized inputs: there oneDNN's fp32
+// GEMM outruns the int8 dot products (maddubs-bound) and needs the weight once per call (quant.py).
+torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c10::optional<torch::Tensor>& m,
+                         int64_t N) {
+  const bool int4 = q.scalar_type() == at::kByte;
+  check_x8(q, int4 ? 4 : 8, int4 ? at::kByte : at::kChar, N, "dequant_x8");
+  const int64_t G = q.size(0), nb = q.size(1), K = nb * QK;
+  const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
+  const int64_t halves = per_block && !int4 && d.size(1) == 2 * nb ? 2 : 1;
+  check_scales(d, per_block ? std::vector<int64_t>{G, halves * nb, 8} : std::vector<int64_t>{G, 8}, d.scalar_type(),
+               "dequant_x8 d");
+  TORCH_CHECK(!has_m || halves == 1, "dequant_x8: m needs d of whole blocks");
+  if (has_m) check_scales(*m, {G, nb, 8}, d.scalar_type(), "dequant_x8 m");
+  auto w = torch::empty({N, K}, torch::kFloat);
+  const uint8_t* qp = static_cast<const uint8_t*>(q.data_ptr());  // int8 codes read as bytes, cast back below
+  if (d.scalar_type() == at::kHalf)
+    dequant_x8_into<at::Half>(qp, d.data_ptr<at::Half>(), has_m ? m->data_ptr<at::Half>() : nullptr,
+                              w.data_ptr<float>(), int4, per_block, halves, G, nb, N);
+  else
+    dequant_x8_into<float>(qp, d.data_ptr<float>(), has_m ? m->data_ptr<float>() : nullptr, w.data_ptr<float>(),
+                           int4, per_block, halves, G, nb, N);
   return w;
+}
+
+// ---- fp32 activations (``activation_quantization: none``, W4A16 / W8A16): the interleaved codes are widened to
+// fp32 in registers and multiplied with the activations as they are, so the product is the float matmul of the
+// dequantized weights (up to summation order: per block, d * sum(q x) + m * sum(x)), with no activation rounding.
+// Each 32-bit lane holds one row's 4 codes of a chunk; constant shifts walk them (low byte / nibble first).
+struct F32Args { const uint8_t* w; const void* d; const void* m; const float* b; const float* x; const float* xs;
+                 float* y; int64_t M, K, N; };
+
+template <int MB>
+inline void f32_store(const F32Args& a, const __m256 (&acc)[MB], int64_t g, int64_t m0) {
+  const int64_t n0 = g * 8, rows = std::min<int64_t>(8, a.N - n0);
+  for (int m = 0; m < MB; ++m) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[m]);
+    float* y = a.y + (m0 + m) * a.N + n0;
+    for (int64_t r = 0; r < rows; ++r) y[r] = a.b ? out[r] + a.b[n0 + r] : out[r];
+  }
+}
+
+template <typename S, int MB>
+inline void q4x8_f32_tile(const F32Args& a, int64_t g, int64_t m0) {
+  const int64_t nb = a.K / QK;
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  const uint8_t* wg = a.w + g * nb * 128;
+  const S* dg = static_cast<const S*>(a.d) + g * nb * 8;
+  const S* mg = static_cast<const S*>(a.m) + g * nb * 8;
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    __m256 s[MB];
+    for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_ps();
+    for (int t = 0; t < 4; ++t) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 128 + t * 32));
+      for (int j = 0; j < 4; ++j, v = _mm256_srli_epi32(v, 8)) {
+        const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
+        const __m256 hi = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4), low));
+        for (int m = 0; m < MB; ++m) {
+          const float* xb = a.x + (m0 + m) * a.K + blk * QK;
+          s[m] = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(xb + 4 * t + j), s[m]);
+          s[m] = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(xb + 4 * (t + 4) + j), s[m]);
+        }
+      }
+    }
+    const __m256 dv = load8(dg + blk * 8), mv = load8(mg + blk * 8);
+    for (int m = 0; m < MB; ++m) {
+      acc[m] = _mm256_fmadd_ps(s[m], dv, acc[m]);
+      acc[m] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(a.xs + (m0 + m) * nb + blk), acc[m]);
+    }
+  }
+  f32_store<MB>(a, acc, g, m0);
+}
+
+// int8 codes: a byte is sign-extended by shifting it to the top of its lane and back (arithmetic).
+template <typename S, bool PER_BLOCK, bool HALF, int MB>
+inline void q8x8_f32_tile(const F32Args& a, int64_t g, int64_t m0) {
+  const int64_t nb = a.K / QK;
+  const uint8_t* wg = a.w + g * nb * 256;
+  const S* d = static_cast<const S*>(a.d);
+  const S* mm = static_cast<const S*>(a.m);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    __m256 s[MB], h[MB];
+    for (int m = 0; m < MB; ++m) s[m] = h[m] = _mm256_setzero_ps();
+    for (int t = 0; t < 8; ++t) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 256 + t * 32));
+      for (int j = 0; j < 4; ++j, v = _mm256_srli_epi32(v, 8)) {
+        const __m256 w = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24));
+        for (int m = 0; m < MB; ++m) {
+          const __m256 xv = _mm256_broadcast_ss(a.x + (m0 + m) * a.K + blk * QK + 4 * t + j);
+          if (HALF && t >= 4) h[m] = _mm256_fmadd_ps(w, xv, h[m]);
+          else s[m] = _mm256_fmadd_ps(w, xv, s[m]);
+        }
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      if (HALF) {
+        const S* dh = d + (g * nb + blk) * 16;
+        acc[m] = _mm256_fmadd_ps(s[m], load8(dh), acc[m]);
+        acc[m] = _mm256_fmadd_ps(h[m], load8(dh + 8), acc[m]);
+      } else if (PER_BLOCK) {
+        acc[m] = _mm256_fmadd_ps(s[m], load8(d + (g * nb + blk) * 8), acc[m]);
+        if (mm) acc[m] = _mm256_fmadd_ps(load8(mm + (g * nb + blk) * 8),
+                                         _mm256_broadcast_ss(a.xs + (m0 + m) * nb + blk), acc[m]);
+      } else {
+        acc[m] = _mm256_add_ps(acc[m], s[m]);
+      }
+    }
+  }
+  if (!PER_BLOCK) {
+    const __m256 dv = load8(d + g * 8);
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
+  }
+  f32_store<MB>(a, acc, g, m0);
+}
+
+// Up to 4 activation rows share each widened weight vector (4 accumulators + 4 block sums fit AVX2's 16
+// registers beside the weights).
+template <class Tile1, class Tile4>
+torch::Tensor run_f32(const torch::Tensor& x, F32Args a, bool need_sums, Tile1 tile1, Tile4 tile4, int64_t G) {
+  auto y = torch::empty({x.size(0), a.N}, x.options());
+  a.y = y.data_ptr<float>();
+  a.x = x.data_ptr<float>();
+  a.M = x.size(0);
+  const int64_t nb = a.K / QK;
+  std::vector<float> sums(need_sums ? a.M * nb : 0);
+  for (int64_t i = 0; i < static_cast<int64_t>(sums.size()); ++i) {
+    const float* v = a.x + (i / nb) * a.K + (i % nb) * QK;
+    __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8)),
+                             _mm256_add_ps(_mm256_loadu_ps(v + 16), _mm256_loadu_ps(v + 24)));
+    sums[i] = hsum(t);
+  }
+  a.xs = sums.data();
+  at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      int64_t mm = 0;
+      for (; mm + 4 <= a.M; mm += 4) tile4(a, g, mm);
+      for (; mm < a.M; ++mm) tile1(a, g, mm);
+    }
+  });
+  return y;
+}
+
+torch::Tensor linear_q4x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                              const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+  check_x8(q, 4, at::kByte, N, "linear_q4x8_f32");
+  const int64_t G = q.size(0), K = q.size(1) * QK;
+  check_scales(d, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8_f32 d");
+  check_scales(m, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8_f32 m");
+  check_x(x, K, b, N);
+  const bool has_b = b.has_value() && b->defined();
+  const F32Args a{q.data_ptr<uint8_t>(), d.data_ptr(), m.data_ptr(), has_b ? b->data_ptr<float>() : nullptr,
+                  nullptr, nullptr, nullptr, 0, K, N};
+  if (d.scalar_type() == at::kHalf) return run_f32(x, a, true, q4x8_f32_tile<at::Half, 1>, q4x8_f32_tile<at::Half, 4>, G);
+  return run_f32(x, a, true, q4x8_f32_tile<float, 1>, q4x8_f32_tile<float, 4>, G);
+}
+
+template <typename S>
+torch::Tensor run_q8x8_f32(const torch::Tensor& x, const F32Args& a, bool per_block, bool half, bool has_m, int64_t G) {
+  if (half) return run_f32(x, a, false, q8x8_f32_tile<S, true, true, 1>, q8x8_f32_tile<S, true, true, 4>, G);
+  if (per_block) return run_f32(x, a, has_m, q8x8_f32_tile<S, true, false, 1>, q8x8_f32_tile<S, true, false, 4>, G);
+  return run_f32(x, a, false, q8x8_f32_tile<S, false, false, 1>, q8x8_f32_tile<S, false, false, 4>, G);
+}
+
+torch::Tensor linear_q8x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                              const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+  check_x8(q, 8, at::kChar, N, "linear_q8x8_f32");
+  const int64_t G = q.size(0), K = q.size(1) * QK;
+  const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
+  const bool half = per_block && d.size(1) == 2 * (K / QK);
+  check_scales(d, per_block ? std::vector<int64_t>{G, (half ? 2 : 1) * K / QK, 8} : std::vector<int64_t>{G, 8},
+               d.scalar_type(), "linear_q8x8_f32 d");
+  TORCH_CHECK(!has_m || (per_block && !half), "linear_q8x8_f32: m needs per-block d (of whole blocks)");
+  if (has_m) check_scales(*m, {G, K / QK, 8}, d.scalar_type(), "linear_q8x8_f32 m");
+  check_x(x, K, b, N);
+  const bool has_b = b.has_value() && b->defined();
+  const F32Args a{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), d.data_ptr(), has_m ? m->data_ptr() : nullptr,
+                  has_b ? b->data_ptr<float>() : nullptr, nullptr, nullptr, nullptr, 0, K, N};
+  if (d.scalar_type() == at::kHalf) return run_q8x8_f32<at::Half>(x, a, per_block, half, has_m, G);
+  return run_q8x8_f32<float>(x, a, per_block, half, has_m, G);
 }
 
 torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
@@ -345,11 +557,19 @@ torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const to
 void register_qgemm(pybind11::module& mod) {
   // every argument positional: m and b may be None (quant.py passes them all)
   mod.def("linear_q8x8", &linear_q8x8,
-          "y = x W^T (+ b), W int8 8 rows interleaved, per row (d [G, 8]) or per 32-block (d, m [G, K/32, 8])",
+          "y = x W^T (+ b), W int8 8 rows interleaved, per row (d [G, 8]), per 32-block (d, m [G, K/32, 8]) or per 16-block (d [G, K/16, 8])",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true),
           pybind11::arg("b").none(true), pybind11::arg("N"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("linear_q4x8", &linear_q4x8, "y = x W^T (+ b), W int4 8 rows interleaved per 32-block (d, m [G, K/32, 8])",
+          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
+          pybind11::arg("b").none(true), pybind11::arg("N"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  mod.def("linear_q8x8_f32", &linear_q8x8_f32, "linear_q8x8 with fp32 activations (no activation rounding)",
+          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true),
+          pybind11::arg("b").none(true), pybind11::arg("N"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  mod.def("linear_q4x8_f32", &linear_q4x8_f32, "linear_q4x8 with fp32 activations (no activation rounding)",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
           pybind11::arg("b").none(true), pybind11::arg("N"),
         pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -1,0 +1,145 @@
+"""What a checkpoint path is, and its tokenizer: an HF folder (config.json, tokenizer.json) or a llama.cpp GGUF file.
+
+One place for the question every loader asks (the engine, the text steps, xgrammar, the OpenAI server):
+``is_gguf(path)``, ``load_hf_tokenizer(path)`` and ``context_length(path)``.
+
+A GGUF file carries its tokenizer (vocabulary, merges, special tokens, chat template) in its metadata;
+transformers converts it to a fast tokenizer (``from_pretrained(folder, gguf_file=name)``), which takes ~5 s for
+a 49k vocabulary. Every serving process loads the tokenizer (preprocessing, postprocessing, tensorrt_llm, the
+BLS, the OpenAI server), so the converted files are kept in a cache folder named by the file's path, size and
+modification time (``$TRITONLLM_CACHE``, default ``~/.cache/tritonllm``): later loads read tokenizer.json
+(~0.5 s). The cache is written atomically (a temp folder renamed); an unwritable cache only costs the time.
+Only local files are read and no repository code runs (``trust_remote_code=False``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+FACTS = "gguf_facts.json"
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    """A file that starts with GGUF's magic (whatever its name)."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TRITONLLM_CACHE") or Path.home() / ".cache" / "tritonllm")
+
+
+def _cache_dir(path: Path) -> Path:
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    return cache_root() / "gguf-tokenizers" / f"{path.stem}-{key}"
+
+
+def gguf_facts(path: str | os.PathLike) -> dict:
+    """The few model facts a text step needs without loading weights: context length and end-of-generation ids."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+
+    def field(key, default=None):
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    arch = field("general.architecture", "")
+    eog = [field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    return {"architecture": arch, "context_length": field(f"{arch}.context_length"),
+            "eog_token_ids": sorted({int(i) for i in eog if i is not None})}
+
+
+def _tokenizer_from_cache(folder: Path) -> Any | None:
+    from transformers import AutoTokenizer
+
+    if not (folder / "tokenizer.json").is_file() or not (folder / FACTS).is_file():
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as e:  # a damaged cache entry is rebuilt
+        log.warning("GGUF tokenizer cache %s unreadable (%s): converting again", folder, e)
+        return None
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    folder = _cache_dir(path)
+    tok = _tokenizer_from_cache(folder)
+    if tok is not None:
+        return tok
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
+                                            trust_remote_code=False)
+    except (ValueError, KeyError, NotImplementedError) as e:
+        raise ValueError(f"{path}: the GGUF file's tokenizer cannot be read by transformers: {e}") from e
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        try:
+            tok.save_pretrained(str(tmp))
+            (tmp / FACTS).write_text(json.dumps(gguf_facts(path)) + "\n")
+            tmp.rename(folder)  # another process may have won the race: then its copy stays
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        log.warning("GGUF tokenizer of %s not cached (%s): it is converted at every load", path, e)
+    return tok
+
+
+def load_hf_tokenizer(path: str | os.PathLike) -> Any:
+    """A fast HF tokenizer from a tokenizer folder or a GGUF file. FileNotFoundError when the path does not exist,
+    ValueError when it holds no fast tokenizer."""
+    from transformers import AutoTokenizer
+
+    p = Path(os.fspath(path))
+    if is_gguf(p):
+        tok = _gguf_tokenizer(p)
+    elif p.is_dir():
+        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=False, use_fast=True)
+    else:
+        raise FileNotFoundError(f"tokenizer not found: {p} (a folder with tokenizer.json, or a .gguf file)")
+    if not hasattr(tok, "backend_tokenizer"):
+        raise ValueError(f"tokenizer in {p} is not a fast (tokenizers-backed) tokenizer")
+    return tok
+
+
+def cached_facts(path: Path) -> dict:
+    """gguf_facts from the tokenizer cache when it is there (no second parse of the file), else read now."""
+    facts = _cache_dir(path) / FACTS
+    if facts.is_file():
+        try:
+            return json.loads(facts.read_text())
+        except (OSError, ValueError):
+            pass
+    return gguf_facts(path)
+
+
+def context_length(path: str | os.PathLike | None) -> int | None:
+    """The model's context in tokens: config.json's max_position_embeddings, or a GGUF's <arch>.context_length."""
+    if not path:
+        return None
+    p = Path(path)
+    if is_gguf(p):
+        value = cached_facts(p).get("context_length")
+    else:
+        cfg = p / "config.json"
+        if not cfg.is_file():
+            return None
+        with open(cfg, encoding="utf-8") as f:
+            value = json.load(f).get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
