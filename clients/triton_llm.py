@@ -62,7 +62,7 @@ def default_tokenizer_dir() -> Path:
 
         configured = yaml.safe_load((root / "deployment.yaml").read_text())["llm"]["tokenizer_dir"]
     except (OSError, KeyError, TypeError, ImportError):
-        configured = "build/models/demo"
+        configured = "build/models/SmolLM2-135M-Instruct.Q4_1.gguf"
     path = Path(configured)
     return path if path.is_absolute() else root / path
 

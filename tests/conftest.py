@@ -1,14 +1,19 @@
 """Shared pytest fixtures: a real tritonserver over this repository, and the `slow` marker.
 
 - ``triton_server`` (session): runs build_scripts/build_all.py once, starts the real ``tritonserver``
-  through ``tritonllm.serving.launcher`` on free ports with ``model_repository`` + ``ensembles``, waits
-  for ``/v2/health/ready`` (300 s) and yields the ``TritonServer`` (``http_url``, ``grpc_url``,
-  ``metrics_url`` as "localhost:PORT", ``log_path``). A failed start fails the test with the names of the
-  models that did not load and the log tail. Torn down (drained) at the end of the session.
+  through ``tritonllm.serving.launcher`` on free ports with ``model_repository`` + ``ensembles`` (the default
+  deployment: SmolLM2-135M-Instruct from its GGUF), waits for ``/v2/health/ready`` (300 s) and yields the
+  ``TritonServer`` (``http_url``, ``grpc_url``, ``metrics_url`` as "localhost:PORT", ``log_path``). A failed start
+  fails the test with the names of the models that did not load and the log tail. Torn down (drained) at the end
+  of the session.
+- ``toy_server`` (session): the same repository rendered with the LLM on the demo toy (tests/toy_repository.py):
+  its trained LoRA adapter as lora_task_id 1, and serving-mechanics tests whose many or long generations the real
+  model would take minutes for on 2 cores.
 - ``unary_server`` (session): the same repository served with ``--model-config-name unary`` (profile
   ``unary``: tensorrt_llm and tensorrt_llm_bls not decoupled, NVIDIA's ``decoupled_mode: false``), for
   plain ``infer()`` / ModelInfer / HTTP ``/infer`` clients; started on first use.
-- ``int4_server`` (module): profile ``int4`` (tensorrt_llm over the demo's INT4 AWQ checkpoint).
+- ``int4_server`` (module): the toy repository with profile ``int4`` (tensorrt_llm over the toy's INT4 AWQ
+  checkpoint).
 - ``@pytest.mark.slow`` tests are skipped unless ``--run-slow`` is given.
 - Stub deaths: Triton 2.51's Python backend occasionally loses a stub under concurrent BLS calls and
   cancellations (seen on fast machines, in the tensorrt_llm_bls stub); the launcher's stub watchdog then
@@ -20,6 +25,7 @@ No mocks: the fixture is the server the README tells people to run.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -87,8 +93,9 @@ def _servers_steady(request):
 
 @pytest.fixture(scope="session")
 def built_repository() -> Path:
-    """Everything the repository serves is built (demo LLM, classical models, rendered configs)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "build_scripts" / "build_all.py")], cwd=ROOT,
+    """Everything the repository serves is built (default model, classical models, rendered configs), and the demo
+    toy the LoRA / AWQ tests use."""
+    proc = subprocess.run([sys.executable, str(ROOT / "build_scripts" / "build_all.py"), "--demo"], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         pytest.fail(f"build_scripts/build_all.py failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}",
@@ -96,10 +103,11 @@ def built_repository() -> Path:
     return ROOT
 
 
-def _serve(name: str, extra_args=()):
+def _serve(name: str, extra_args=(), root: Path | None = None):
     http_port, grpc_port, metrics_port = find_free_ports(3)
+    repos = {} if root is None else {"repositories": [root / "model_repository", root / "ensembles"]}
     server = TritonServer(
-        http_port, grpc_port, metrics_port, extra_args=list(extra_args),
+        http_port, grpc_port, metrics_port, extra_args=list(extra_args), **repos,
         log_path=ROOT / "build" / "logs" / f"pytest-{name}-{http_port}.log",
         exit_timeout_s=5,  # the session is over: don't wait long on idle client connections
     )
@@ -120,8 +128,8 @@ def triton_server(built_repository):
         server.stop()
 
 
-def _profile_server(profile: str):
-    server = _serve(profile, ["--model-config-name", profile])
+def _profile_server(profile: str, root: Path | None = None):
+    server = _serve(profile, ["--model-config-name", profile], root)
     try:
         yield server
     finally:
@@ -133,7 +141,27 @@ def unary_server(built_repository):
     yield from _profile_server("unary")
 
 
+@pytest.fixture(scope="session")
+def toy_root(built_repository):
+    from toy_repository import toy_repository
+
+    root = toy_repository()
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def toy_server(toy_root):
+    server = _serve("toy", root=toy_root)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
-def int4_server(built_repository):
-    """Profile ``int4``: tensorrt_llm over the demo's AWQ variant (build/models/demo-int4-awq)."""
-    yield from _profile_server("int4")
+def int4_server(toy_root):
+    """Profile ``int4`` of the toy repository: tensorrt_llm over the toy's AWQ variant (build/models/demo-int4-awq)."""
+    yield from _profile_server("int4", toy_root)

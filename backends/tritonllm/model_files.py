@@ -1,14 +1,17 @@
 """What a checkpoint path is, and its tokenizer: an HF folder (config.json, tokenizer.json) or a llama.cpp GGUF file.
 
-One place for the question every loader asks (the engine, the text steps, xgrammar, the OpenAI server):
-``is_gguf(path)``, ``load_hf_tokenizer(path)`` and ``context_length(path)``.
+One place for the question every loader asks (the engine, the text steps, xgrammar, the OpenAI server, Dynamo):
+``is_gguf(path)``, ``load_hf_tokenizer(path)``, ``context_length(path)`` and ``hf_folder(path)`` (an HF-style folder
+for tools that only read folders, e.g. Dynamo's frontend: a GGUF's is its cache entry, below).
 
 A GGUF file carries its tokenizer (vocabulary, merges, special tokens, chat template) in its metadata;
 transformers converts it to a fast tokenizer (``from_pretrained(folder, gguf_file=name)``), which takes ~5 s for
 a 49k vocabulary. Every serving process loads the tokenizer (preprocessing, postprocessing, tensorrt_llm, the
 BLS, the OpenAI server), so the converted files are kept in a cache folder named by the file's path, size and
 modification time (``$TRITONLLM_CACHE``, default ``~/.cache/tritonllm``): later loads read tokenizer.json
-(~0.5 s). The cache is written atomically (a temp folder renamed); an unwritable cache only costs the time.
+(~0.5 s). The cache entry also holds config.json and generation_config.json made from the file's metadata
+(transformers' GGUF config, the end-of-generation ids), so it reads as an HF folder without weights. It is written
+atomically (a temp folder renamed); an unwritable cache only costs the time.
 Only local files are read and no repository code runs (``trust_remote_code=False``).
 """
 from __future__ import annotations
@@ -66,7 +69,8 @@ def gguf_facts(path: str | os.PathLike) -> dict:
 def _tokenizer_from_cache(folder: Path) -> Any | None:
     from transformers import AutoTokenizer
 
-    if not (folder / "tokenizer.json").is_file() or not (folder / FACTS).is_file():
+    if not all((folder / f).is_file() for f in ("tokenizer.json", FACTS, "config.json")) or \
+            "architectures" not in json.loads((folder / "config.json").read_text()):
         return None
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
@@ -92,13 +96,45 @@ def _gguf_tokenizer(path: Path) -> Any:
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
         try:
             tok.save_pretrained(str(tmp))
-            (tmp / FACTS).write_text(json.dumps(gguf_facts(path)) + "\n")
+            facts = gguf_facts(path)
+            (tmp / FACTS).write_text(json.dumps(facts) + "\n")
+            _write_hf_config(path, tmp, facts)
+            if folder.exists() and _tokenizer_from_cache(folder) is None:  # an entry of an older layout
+                shutil.rmtree(folder, ignore_errors=True)
             tmp.rename(folder)  # another process may have won the race: then its copy stays
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
         log.warning("GGUF tokenizer of %s not cached (%s): it is converted at every load", path, e)
     return tok
+
+
+def _write_hf_config(path: Path, folder: Path, facts: dict) -> None:
+    """config.json (transformers' reading of the file's metadata) and generation_config.json (end-of-generation
+    ids) into ``folder``: the HF view of a GGUF, for tools that read folders."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
+                                     trust_remote_code=False)
+    cfg.architectures = [type(cfg).__name__.removesuffix("Config") + "ForCausalLM"]  # e.g. LlamaForCausalLM
+    cfg.save_pretrained(str(folder))
+    eog = facts["eog_token_ids"]
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": eog[0] if len(eog) == 1 else eog, "bos_token_id": cfg.bos_token_id}) + "\n")
+
+
+def hf_folder(path: str | os.PathLike) -> Path:
+    """``path`` when it is a folder; for a GGUF file, its cache entry (tokenizer, config.json, generation_config.json;
+    no weights), made now if missing."""
+    p = Path(os.fspath(path))
+    if not is_gguf(p):
+        return p
+    _gguf_tokenizer(p)
+    folder = _cache_dir(p)
+    if not (folder / "config.json").is_file():
+        raise OSError(f"{p}: no HF view of the GGUF could be written to the cache {folder} (set TRITONLLM_CACHE to a "
+                      "writable folder)")
+    return folder
 
 
 def load_hf_tokenizer(path: str | os.PathLike) -> Any:

@@ -218,7 +218,8 @@ def tensorrt_llm_config(deployment: dict, s: dict) -> mc.ModelConfig:
         "enable_chunked_context": s["enable_chunked_context"],
         "exclude_input_in_output": s["exclude_input_in_output"],
         # Read with no fallback (model_instance_state.cc:413-415): the keys must exist; "" = guided decoding off.
-        "tokenizer_dir": container_path(s, s.get("tokenizer_dir") or llm["tokenizer_dir"]),
+        # NVIDIA's backend reads an HF tokenizer folder: the checkpoint's (llm.tokenizer_dir may be a GGUF file).
+        "tokenizer_dir": container_path(s, s.get("tokenizer_dir") or s.get("checkpoint_dir") or llm["tokenizer_dir"]),
         "xgrammar_tokenizer_info_path": posixpath.join(engine_path(s), XGRAMMAR_INFO_FILE) if guided else "",
         "guided_decoding_backend": "xgrammar" if guided else "",
     }

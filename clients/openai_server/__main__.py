@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     from clients.openai_server.app import Settings, create_app
 
     tokenizer_dir = args.tokenizer_dir or None
-    if tokenizer_dir and not Path(tokenizer_dir).is_dir():
-        print(f"[openai_server] tokenizer dir {tokenizer_dir} not found: no chat template, counts from Triton",
+    if tokenizer_dir and not Path(tokenizer_dir).exists():
+        print(f"[openai_server] tokenizer {tokenizer_dir} not found: no chat template, counts from Triton",
               file=sys.stderr)
         tokenizer_dir = None
     app = create_app(Settings(triton_url=args.triton_url, model=args.model, fallback=args.fallback or None,

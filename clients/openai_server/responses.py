@@ -43,9 +43,9 @@ class TextTools:
     def from_dir(cls, directory: str | None) -> "TextTools":
         if not directory:
             return cls(None)
-        from transformers import AutoTokenizer
+        from tritonllm.model_files import load_hf_tokenizer  # a tokenizer folder or a GGUF file
 
-        return cls(AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False))
+        return cls(load_hf_tokenizer(directory))
 
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         from clients.openai_server.protocol import ApiError

@@ -40,13 +40,14 @@ class Cluster:
             self.lines.append(line)
             if "dynamo READY" in line:
                 self.worker_pids = [int(p) for p in re.search(r"pids ([\d ]+)\)", line).group(1).split()]
+                self.model = re.search(r" model (\S+) ", line).group(1)  # the served name
                 self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
                 return
         self.stop()
         pytest.fail("dynamo launch did not get READY:\n" + "".join(self.lines[-40:]), pytrace=False)
 
     def completion(self, prompt, max_tokens=10, **extra) -> dict:
-        body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "nvext": {"extra_fields": ["worker_id", "timing"]}, **extra}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -75,7 +76,9 @@ class Cluster:
         return [line for line in out.splitlines() if any(f"pid={p}," in line for p in group)]
 
 
-def prompt_ids(text: str, tokenizer_dir=ROOT / "build" / "models" / "demo") -> list[int]:
-    from transformers import AutoTokenizer
+def prompt_ids(text: str, tokenizer_dir=None) -> list[int]:
+    """Ids of ``text`` by the served tokenizer (deployment.yaml's, a folder or a GGUF file)."""
+    from clients.triton_llm import default_tokenizer_dir
+    from tritonllm.model_files import load_hf_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))(text)["input_ids"]
+    return load_hf_tokenizer(tokenizer_dir or default_tokenizer_dir())(text)["input_ids"]

@@ -13,7 +13,9 @@ import pytest
 from tritonllm.serving.launcher import find_free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKENIZER_DIR = ROOT / "build" / "models" / "demo"
+from clients.triton_llm import default_tokenizer_dir  # noqa: E402
+
+TOKENIZER_DIR = default_tokenizer_dir()  # deployment.yaml's: what the served models tokenize with
 
 
 def openai_server(triton_server, env: dict | None = None, args: tuple[str, ...] = ()):
@@ -25,7 +27,7 @@ def openai_server(triton_server, env: dict | None = None, args: tuple[str, ...] 
         proc = subprocess.Popen(
             [sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
              "--triton-url", triton_server.grpc_url, "--tokenizer-dir", str(TOKENIZER_DIR), "--log-level", "info",
-             "--lora-modules", "python=1", *args],
+             *args],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -56,10 +58,10 @@ def sdk_client(url: str):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def demo_tokenizer():
-    from transformers import AutoTokenizer
+def served_tokenizer():
+    from tritonllm.model_files import load_hf_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)
+    return load_hf_tokenizer(TOKENIZER_DIR)
 
 
 # Fixtures of a module served by one default OpenAI server (test modules import them by name).
@@ -76,4 +78,4 @@ def client(openai_url):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return demo_tokenizer()
+    return served_tokenizer()

@@ -42,7 +42,7 @@ def _s(*values):
 
 
 LLM, BLS, ENS = "tensorrt_llm", "tensorrt_llm_bls", "ensemble"
-HUGE_TEXT = "word " * 400_000  # ~2 MB, far beyond the 2048-token context of the demo model
+HUGE_TEXT = "word " * 400_000  # ~2 MB, far beyond the 8192-token context of the default model
 
 # Known defects (reported on issue 8): strict, so a fix turns them into failures to un-mark.
 def _DEFECT(reason):
@@ -62,7 +62,7 @@ CASES = [
     ("llm-wrong-shape-input_lengths", LLM, _ids(input_lengths=np.array([[3, 3]], I32)), "input_lengths"),
     ("llm-empty-prompt", LLM, _ids(ids=()), "input_ids"),
     ("llm-negative-token", LLM, _ids(ids=(5, -3, 7)), "input_ids"),
-    ("llm-prompt-beyond-context", LLM, _ids(ids=[5] * 5000), "input_ids"),
+    ("llm-prompt-beyond-context", LLM, _ids(ids=[5] * 9000), "input_ids"),  # SmolLM2's context: 8192
     ("llm-negative-max-tokens", LLM, _ids(n=-3), "request_output_len"),
     ("llm-int32-max-tokens", LLM, _ids(n=2 ** 31 - 1), "request_output_len"),
     ("llm-inf-temperature", LLM, _ids(temperature=np.array([[np.inf]], F32)), "temperature"),

@@ -44,12 +44,12 @@ def test_greedy_text_equals_make_serves_streamed_and_not(cluster, triton_server)
     adds it: ids make the comparison exact) give make serve's text, through the openai SDK too."""
     want = stream_request(triton_server.grpc_url, "tensorrt_llm_bls", text_tensors(PROMPT, 10))[0][-1]["text_output"][0]
     ids = _prompt_ids()
-    out = cluster.client.completions.create(model="demo", prompt=ids, max_tokens=10, temperature=0)
+    out = cluster.client.completions.create(model=cluster.model, prompt=ids, max_tokens=10, temperature=0)
     assert out.choices[0].text == want.decode() and out.choices[0].finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 10)
-    chunks = list(cluster.client.completions.create(model="demo", prompt=ids, max_tokens=10, temperature=0, stream=True))
+    chunks = list(cluster.client.completions.create(model=cluster.model, prompt=ids, max_tokens=10, temperature=0, stream=True))
     assert len(chunks) >= 5 and "".join(c.choices[0].text for c in chunks if c.choices) == want.decode()
-    chat = cluster.client.chat.completions.create(model="demo", messages=[{"role": "user", "content": PROMPT}],
+    chat = cluster.client.chat.completions.create(model=cluster.model, messages=[{"role": "user", "content": PROMPT}],
                                                    max_tokens=8, temperature=0)
     assert chat.choices[0].message.content and chat.usage.completion_tokens == 8
 
@@ -60,7 +60,7 @@ def test_unsupported_options_are_refused_by_name(cluster):
 
 
 def test_top_logprobs_through_dynamos_frontend(cluster):
-    chat = cluster.client.chat.completions.create(model="demo", messages=[{"role": "user", "content": PROMPT}],
+    chat = cluster.client.chat.completions.create(model=cluster.model, messages=[{"role": "user", "content": PROMPT}],
                                                    max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
     content = chat.choices[0].logprobs.content
     assert len(content) == 6
@@ -89,7 +89,7 @@ def test_kv_router_sends_a_cached_prefix_to_the_worker_that_holds_it(cluster):
 
 
 def test_cancelled_stream_frees_the_request(cluster):
-    stream = cluster.client.completions.create(model="demo", prompt=_prompt_ids(), max_tokens=1500, temperature=0,
+    stream = cluster.client.completions.create(model=cluster.model, prompt=_prompt_ids(), max_tokens=1500, temperature=0,
                                                stream=True, extra_body={"ignore_eos": True})
     got = 0
     for chunk in stream:
@@ -100,7 +100,7 @@ def test_cancelled_stream_frees_the_request(cluster):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         text = cluster.metrics()
-        inflight = re.search(r'^dynamo_frontend_inflight_requests\{model="demo"\} (\S+)', text, re.M)
+        inflight = re.search(rf'^dynamo_frontend_inflight_requests\{{model="{re.escape(cluster.model)}"\}} (\S+)', text, re.M)
         blocks = [float(v) for v in re.findall(r"^dynamo_frontend_worker_active_decode_blocks\{[^}]*\} (\S+)", text, re.M)]
         if inflight and float(inflight.group(1)) == 0 and not any(blocks):
             return

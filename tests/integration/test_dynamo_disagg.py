@@ -13,7 +13,7 @@ from dynamo_helpers import DYNAMO_PY, Cluster, prompt_ids
 from robustness_helpers import stream_request, text_tensors
 
 # 7 blocks of 16 tokens and a tail: the decode worker should compute only the block with the last token.
-PROMPT = "The future of AI is " + "a story of many small models served well, " * 11
+PROMPT = "The future of AI is " + "a story of many small models served well, " * 14
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_disaggregated_greedy_text_equals_make_serves_and_the_kv_moved(disagg, t
     ids = prompt_ids(PROMPT)
     assert len(ids) > 7 * 16
     want = stream_request(triton_server.grpc_url, "tensorrt_llm_bls", text_tensors(PROMPT, 12))[0][-1]["text_output"][0]
-    out = disagg.client.completions.create(model="demo", prompt=ids, max_tokens=12, temperature=0)
+    out = disagg.client.completions.create(model=disagg.model, prompt=ids, max_tokens=12, temperature=0)
     assert out.choices[0].text == want.decode() and out.usage.completion_tokens == 12
     blocks = (len(ids) - 1) // 16
     decode = _wait_summary(disagg.log_dir / f"dynamo-worker0-{disagg.port}.log", "imported", blocks)
@@ -60,7 +60,7 @@ def test_disaggregated_greedy_text_equals_make_serves_and_the_kv_moved(disagg, t
     assert prefill["failed"] == 0 and prefill["read"] == 0
     # streamed, through the SDK: the same text, and the second handoff of a prompt the decode worker already
     # holds installs nothing new (the blocks are cached there)
-    chunks = list(disagg.client.completions.create(model="demo", prompt=ids, max_tokens=12, temperature=0,
+    chunks = list(disagg.client.completions.create(model=disagg.model, prompt=ids, max_tokens=12, temperature=0,
                                                    stream=True))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want.decode()
     again = _wait_summary(disagg.log_dir / f"dynamo-worker0-{disagg.port}.log", "read", 2)
@@ -69,9 +69,9 @@ def test_disaggregated_greedy_text_equals_make_serves_and_the_kv_moved(disagg, t
 
 def test_disaggregated_short_prompt_and_chat(disagg):
     """A prompt within one block has no full block to hand over: the decode worker computes it."""
-    out = disagg.client.completions.create(model="demo", prompt=prompt_ids("Hi"), max_tokens=4, temperature=0)
+    out = disagg.client.completions.create(model=disagg.model, prompt=prompt_ids("Hi"), max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4
-    chat = disagg.client.chat.completions.create(model="demo", messages=[{"role": "user", "content": PROMPT}],
+    chat = disagg.client.chat.completions.create(model=disagg.model, messages=[{"role": "user", "content": PROMPT}],
                                                   max_tokens=6, temperature=0)
     assert chat.choices[0].message.content and chat.usage.completion_tokens == 6
 

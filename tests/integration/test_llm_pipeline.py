@@ -123,7 +123,8 @@ def grpc_text(server, model: str, tensors: dict) -> list[str]:
 @pytest.fixture(scope="module")
 def tokenizer(triton_server):
     """The tokenizer the server uses (preprocessing's tokenizer_dir, relative to its model directory)."""
-    from transformers import AutoTokenizer
+    from tritonllm.model_files import load_hf_tokenizer
+
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     try:
         value = client.get_model_config("preprocessing", as_json=True)["config"]["parameters"]["tokenizer_dir"]
@@ -131,7 +132,7 @@ def tokenizer(triton_server):
         client.close()
     path = Path(value["string_value"])
     path = path if path.is_absolute() else ROOT / "model_repository" / "preprocessing" / path
-    return AutoTokenizer.from_pretrained(path.resolve(), local_files_only=True)
+    return load_hf_tokenizer(path.resolve())
 
 
 def llm_tensors(tokenizer, prompt: str, stream: bool, max_tokens: int = MAX_TOKENS) -> dict:

@@ -1,5 +1,6 @@
-"""Multi-LoRA on the real server: deployment.yaml loads the demo adapter (build_demo_lora.py) as
-lora_task_id 1 of `tensorrt_llm`. The adapter's output equals our engine run in-process with the same
+"""Multi-LoRA on the real server: the toy repository (fixture ``toy_server``, tests/toy_repository.py) loads the
+demo toy's adapter (build_demo_lora.py, trained on Python source) as lora_task_id 1 of `tensorrt_llm`: a LoRA
+trained for its base model is what the default model cannot give here without training. The adapter's output equals our engine run in-process with the same
 adapter (which tests/unit/test_lora.py proves equal to HF with the adapter merged), differs from the base
 model's, reaches the engine through the ensemble and the BLS, and mixes with base requests in one batch.
 Unknown ids and in-request LoRA weights are INVALID_ARG naming the input."""
@@ -25,13 +26,13 @@ N = 16
 @pytest.fixture(scope="module")
 def expected():
     """{task id or None: greedy ids} from the engine in this process, and the prompt ids."""
-    from transformers import AutoTokenizer
-
     from tritonllm.engine.config import EngineConfig
     from tritonllm.engine.engine import LLMEngine
     from tritonllm.engine.request import SamplingParams
 
-    prompt = AutoTokenizer.from_pretrained(DEMO)(PROMPT_TEXT).input_ids
+    from tritonllm.model_files import load_hf_tokenizer
+
+    prompt = load_hf_tokenizer(DEMO)(PROMPT_TEXT).input_ids
     engine = LLMEngine(str(DEMO), EngineConfig(max_kv_tokens=1024, lora_adapters={1: str(ADAPTER)}))
     out = {}
     for tid in (None, 1):
@@ -56,56 +57,56 @@ def _llm(server, prompt, lora=None, **extra):
         s.close()
 
 
-def test_adapter_and_base_through_tensorrt_llm(triton_server, expected):
+def test_adapter_and_base_through_tensorrt_llm(toy_server, expected):
     prompt, want = expected
     for tid in (None, 1):
-        ids, err = _llm(triton_server, prompt, tid)
+        ids, err = _llm(toy_server, prompt, tid)
         assert err is None, err
         assert ids == want[tid], f"lora_task_id {tid}"
 
 
-def test_mixed_adapters_in_one_batch(triton_server, expected):
+def test_mixed_adapters_in_one_batch(toy_server, expected):
     prompt, want = expected
     tids = [None, 1, 1, None, 1, None]
     with ThreadPoolExecutor(len(tids)) as pool:
-        results = list(pool.map(lambda t: _llm(triton_server, prompt, t), tids))
+        results = list(pool.map(lambda t: _llm(toy_server, prompt, t), tids))
     for tid, (ids, err) in zip(tids, results):
         assert err is None and ids == want[tid], f"lora_task_id {tid}: {err}"
 
 
-def test_adapter_through_ensemble_and_bls(triton_server, expected):
-    from transformers import AutoTokenizer
+def test_adapter_through_ensemble_and_bls(toy_server, expected):
+    from tritonllm.model_files import load_hf_tokenizer
 
     _, want = expected
-    tok = AutoTokenizer.from_pretrained(DEMO)
+    tok = load_hf_tokenizer(DEMO)
     texts = {}
     for model in ("ensemble", "tensorrt_llm_bls"):
         for tid in (None, 1):
             payload = dict(text_input=PROMPT_TEXT, max_tokens=N, end_id=-1)
             if tid is not None:
                 payload["lora_task_id"] = tid
-            texts[model, tid] = generate(triton_server, model, **payload)["text_output"]
+            texts[model, tid] = generate(toy_server, model, **payload)["text_output"]
     for tid in (None, 1):
         assert texts["ensemble", tid] == texts["tensorrt_llm_bls", tid] == tok.decode(want[tid],
                                                                                       skip_special_tokens=True)
     assert texts["ensemble", 1] != texts["ensemble", None]
 
 
-def test_unknown_adapter_and_inline_weights_are_invalid(triton_server, expected):
+def test_unknown_adapter_and_inline_weights_are_invalid(toy_server, expected):
     prompt, want = expected
-    _, err = _llm(triton_server, prompt, 987654)
+    _, err = _llm(toy_server, prompt, 987654)
     assert err is not None and "lora_task_id 987654 is not a loaded adapter (loaded: [1])" in str(err)
     weights = grpcclient.InferInput("lora_weights", [1, 2, 4], "FP16")
     weights.set_data_from_numpy(np.ones((1, 2, 4), np.float16))
-    s = Stream(triton_server.grpc_url)
+    s = Stream(toy_server.grpc_url)
     try:
         _, err = s.run("tensorrt_llm", _ids_request(prompt, N, lora_task_id=np.array([[1]], np.uint64))
                        + [weights])
     finally:
         s.close()
     assert err is not None and "lora_weights: in-request LoRA weights are not supported" in str(err)
-    status, body = http_post(triton_server, "/v2/models/ensemble/generate",
+    status, body = http_post(toy_server, "/v2/models/ensemble/generate",
                              dict(text_input=PROMPT_TEXT, max_tokens=4, lora_task_id=5))
     assert status == 400 and "lora_task_id 5 is not a loaded adapter" in body  # INVALID_ARG -> 400
-    ids, err = _llm(triton_server, prompt)  # still serving
+    ids, err = _llm(toy_server, prompt)  # still serving
     assert err is None and ids == want[None]

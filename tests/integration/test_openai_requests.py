@@ -97,8 +97,9 @@ def test_a_high_priority_request_overtakes_the_queue(openai_url, triton_server):
 
     async def scenario():
         events = [asyncio.Event() for _ in range(16)]
-        # ~25k tokens: seconds of work even on a fast machine (the demo decodes thousands of tokens/s)
-        blockers = [asyncio.create_task(run(f"b{i}", 1600, 0.5, e)) for i, e in enumerate(events)]
+        # 16 x 200 tokens: ~11 s of the default model on 2 cores (~290 tokens/s at batch 16), so every slot stays
+        # held well past the 1.4 s the lows and the high one take to arrive
+        blockers = [asyncio.create_task(run(f"b{i}", 200, 0.5, e)) for i, e in enumerate(events)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
         lows = []
         for i in range(20):

@@ -20,7 +20,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from openai_helpers import client, openai_server, openai_url, tokenizer  # noqa: E402,F401  (fixtures)
+from openai_helpers import client, openai_server, openai_url, sdk_client, tokenizer  # noqa: E402,F401  (fixtures)
 from tritonllm.serving.launcher import find_free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,17 +67,22 @@ def test_streamed_completion_equals_non_streamed(client, greedy):
     assert finish == greedy.choices[0].finish_reason
 
 
-def test_lora_module_is_a_model_name(client, greedy, triton_server):
-    """`--lora-modules python=1`: model "python" is the demo adapter (lora_task_id 1), listed with its parent;
-    its text equals the BLS asked directly with lora_task_id 1 and differs from the base model's."""
+def test_lora_module_is_a_model_name(toy_server):
+    """`--lora-modules python=1` over the toy repository (the default model has no adapter trained for it): model
+    "python" is the toy's adapter (lora_task_id 1), listed with its parent; its text equals the BLS asked directly
+    with lora_task_id 1 and differs from the base model's."""
     from test_llm_pipeline import generate
+    from toy_repository import DEMO
 
-    listed = {m.id: m for m in client.models.list().data}
-    assert listed["python"].model_dump().get("parent") == "tritonllm"
-    r = client.completions.create(model="python", prompt=PROMPT, max_tokens=24, temperature=0)
-    direct = generate(triton_server, "tensorrt_llm_bls", text_input=PROMPT, max_tokens=24, lora_task_id=1)
-    assert r.choices[0].text == direct["text_output"]
-    assert r.choices[0].text != greedy.choices[0].text
+    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(DEMO), "--lora-modules", "python=1")):
+        client = sdk_client(url)
+        listed = {m.id: m for m in client.models.list().data}
+        assert listed["python"].model_dump().get("parent") == "tritonllm"
+        r = client.completions.create(model="python", prompt=PROMPT, max_tokens=24, temperature=0)
+        base = client.completions.create(model="tritonllm", prompt=PROMPT, max_tokens=24, temperature=0)
+        direct = generate(toy_server, "tensorrt_llm_bls", text_input=PROMPT, max_tokens=24, lora_task_id=1)
+        assert r.choices[0].text == direct["text_output"]
+        assert r.choices[0].text != base.choices[0].text
 
 
 def test_ensemble_is_addressable_and_agrees_with_the_bls(client, greedy):

@@ -1,10 +1,11 @@
 """Tool calling and reasoning through the OpenAI server and the real tritonserver, with the `openai` SDK.
 
-``tool_choice`` required / named go through guided decoding, so even the demo model's arguments parse
-against the function's schema. ``auto`` and the reasoning split need the model to write a call or a
-``<think>`` block, which the demo model would not do on its own: those tests make it write canned text
-through vLLM's ``guided_regex`` extra (the engine's regex guide), so the text still comes from the real
-stack and the server's parsers read it as they would a real model's.
+``tool_choice`` required / named go through guided decoding, so the arguments parse against the function's
+schema. ``auto`` and the reasoning split need the model to write a call or a ``<think>`` block, which a 135M model
+would not do reliably: those tests make it write canned text through vLLM's ``guided_regex`` extra (the engine's
+regex guide), so the text still comes from the real stack and the server's parsers read it as they would a real
+model's. The default model (SmolLM2-135M-Instruct) has no tools section in its chat template: the two tests of how
+a template renders tools and tool results run on the demo toy's, which has one (fixture ``toy_client``).
 """
 from __future__ import annotations
 
@@ -34,6 +35,22 @@ def client(triton_server):
     for url, _ in openai_server(triton_server, args=("--tool-call-parser", "hermes",
                                                      "--reasoning-parser", "deepseek_r1")):
         yield sdk_client(url)
+
+
+@pytest.fixture(scope="module")
+def toy_client(toy_server):
+    from toy_repository import DEMO
+
+    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(DEMO), "--tool-call-parser", "hermes")):
+        yield sdk_client(url)
+
+
+@pytest.fixture(scope="module")
+def toy_tokenizer():
+    from toy_repository import DEMO
+    from tritonllm.model_files import load_hf_tokenizer
+
+    return load_hf_tokenizer(DEMO)
 
 
 def _streamed(stream):
@@ -120,7 +137,8 @@ def _count(tokenizer, rendered: str) -> int:
     return len(tokenizer(rendered, add_special_tokens=False).input_ids)  # the template wrote the BOS
 
 
-def test_a_tool_conversation_is_rendered_by_the_models_template(client, tokenizer):
+def test_a_tool_conversation_is_rendered_by_the_models_template(toy_client, toy_tokenizer):
+    client, tokenizer = toy_client, toy_tokenizer
     messages = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": "{\"city\": \"Paris\", \"metric\": true}"}}]},
@@ -134,7 +152,8 @@ def test_a_tool_conversation_is_rendered_by_the_models_template(client, tokenize
     assert reply.usage.prompt_tokens == _count(tokenizer, text)
 
 
-def test_tool_choice_none_hides_the_tools(client, tokenizer):
+def test_tool_choice_none_hides_the_tools(toy_client, toy_tokenizer):
+    client, tokenizer = toy_client, toy_tokenizer
     reply = client.chat.completions.create(model="tritonllm", messages=ASK, tools=TOOLS, tool_choice="none",
                                            temperature=0, max_tokens=4)
     text = tokenizer.apply_chat_template(ASK, add_generation_prompt=True, tokenize=False)

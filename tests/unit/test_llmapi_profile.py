@@ -90,9 +90,16 @@ def test_rendered_llm_args_are_in_the_names_table_and_follow_the_settings(deploy
 
 
 def test_the_checkpoint_path_resolves_like_every_path_parameter(deployment, cfg):
+    settings = deployment["profiles"]["llmapi"]
+    if settings.get("hf_model_id"):  # the default: the default model's HF weights by Hub name
+        assert params_of(cfg)["hf_model_id"] == settings["hf_model_id"] and "gpt_model_path" not in params_of(cfg)
+        default = rc.render_default(deployment, ROOT)[C.TENSORRT_LLM]
+        cfg = llmapi.render(deployment, {"model": "build/models/some-hf-folder"}, ROOT,
+                            {C.TENSORRT_LLM: copy.deepcopy(default)})[C.TENSORRT_LLM]
+        settings = {"model": "build/models/some-hf-folder"}
     p = params_of(cfg)
     args = {"model_repository": str(ROOT / "model_repository" / "tensorrt_llm"), "model_config": "{}"}
-    want = (ROOT / deployment["profiles"]["llmapi"]["model"]).resolve()
+    want = (ROOT / settings["model"]).resolve()
     assert model_path_param(args, p, "gpt_model_path", must_exist=False) == want
     if want.exists():  # the demo checkpoint is built by `make build`
         runner = build_llmapi_backend(args, p, print)
@@ -103,7 +110,7 @@ def test_a_hub_model_id_is_rendered_instead_of_a_path(deployment):
     s = llmapi.settings_with_defaults({"hf_model_id": "nvidia/Llama-3.1-8B-Instruct-FP8", "kv_cache_dtype": "fp8"})
     default = rc.render_default(deployment, ROOT)[C.TENSORRT_LLM]
     text = {k: default.parameters[k].string_value for k in ("tokenizer_dir", "skip_special_tokens")}
-    assert text["tokenizer_dir"].endswith("build/models/demo")
+    assert text["tokenizer_dir"].endswith(deployment["llm"]["tokenizer_dir"])
     p = params_of(llmapi.tensorrt_llm_config(default, s, ROOT))
     assert p["hf_model_id"] == "nvidia/Llama-3.1-8B-Instruct-FP8" and "gpt_model_path" not in p
     assert json.loads(p["llm_args"])["kv_cache_config"]["dtype"] == "fp8"
@@ -294,6 +301,7 @@ def test_rendering_refuses_a_local_checkpoint_the_pytorch_backend_would_not_load
     with pytest.raises(llmapi.ProfileError, match=r"profiles\.llmapi\.model = .*quantization_config\.quant_method"):
         llmapi.render(deployment, {"model": str(gptq)}, ROOT, copy.deepcopy(defaults))
     bad = copy.deepcopy(deployment)
+    bad["profiles"]["llmapi"].pop("hf_model_id", None)
     bad["profiles"]["llmapi"]["model"] = str(gptq)
     with pytest.raises(ValueError, match="'gptq'"):  # through the renderer, which loads the profile itself
         rc.render_files(bad, ROOT)

@@ -83,7 +83,7 @@ def test_engine_parameters_come_from_deployment_with_paths_relative_to_the_model
     model_dir = ROOT / rc.MODEL_DIRS[C.TENSORRT_LLM]
     for key, value in yaml_params.items():
         if key == "lora_adapters":  # {task id: folder} -> "1=<folder relative to the model dir>,..."
-            pairs = dict(item.split("=", 1) for item in params[key].split(","))
+            pairs = dict(item.split("=", 1) for item in params[key].split(",") if item)
             assert {int(t): resolve_param_path(p, model_dir, confine=ROOT) for t, p in pairs.items()} == {
                 int(t): (ROOT / p).resolve() for t, p in value.items()}
             continue

@@ -180,7 +180,7 @@ def test_every_key_nvidias_backend_requires_is_rendered_and_every_rendered_key_i
                                "guided_decoding_backend"}
     assert set(P.REQUIRED) <= set(params)
     assert set(params) <= set(P.BY_KEY) | set(P.TEMPLATE_ONLY)
-    assert params["tokenizer_dir"].string_value == "/workspace/tritonllm/build/models/demo"
+    assert params["tokenizer_dir"].string_value == "/workspace/tritonllm/build/models/SmolLM2-135M-Instruct"
     # guided decoding off: both empty, as the backend's "unset" (model_instance_state.cc:424-427)
     assert params["xgrammar_tokenizer_info_path"].string_value == params["guided_decoding_backend"].string_value == ""
 

@@ -34,6 +34,7 @@ from ..engine.engine import LLMEngine as OurEngine
 from ..engine.kv_transfer import KVPrefix, export_prefix, import_prefix
 from ..engine.request import InvalidRequest, QueueFull, RequestOutput, SamplingParams
 from ..engine.runner import EngineRunner
+from ..model_files import hf_folder
 from .disagg import KVHandoff
 from .settings import engine_settings
 
@@ -127,7 +128,7 @@ class TritonLLMDynamoEngine:
         self.engine.pool.listener = self._events.put  # KV events, on the engine thread
         self.runner = EngineRunner(self.engine, self._on_output).start()
         c = self.engine.config
-        return EngineConfig(model=self.model_path, served_model_name=self.served_name, llm=LlmRegistration(
+        return EngineConfig(model=str(hf_folder(self.model_path)), served_model_name=self.served_name, llm=LlmRegistration(
             context_length=self.engine.max_seq_len, kv_cache_block_size=c.block_size,
             total_kv_blocks=self.engine.pool.num_blocks, max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_tokens))
@@ -302,7 +303,8 @@ def dynamo_engine_class():
             component = args.component or ("prefill" if args.disaggregation_mode == "prefill" else "backend")
             return engine, WorkerConfig(
                 namespace=args.namespace, component=component, endpoint=args.endpoint,
-                model_name=model_path, served_model_name=served, discovery_backend=args.discovery_backend,
+                model_name=str(hf_folder(model_path)), served_model_name=served,
+                discovery_backend=args.discovery_backend,
                 enable_kv_routing=not args.no_kv_events,
                 disaggregation_mode=DisaggregationMode(args.disaggregation_mode))
 

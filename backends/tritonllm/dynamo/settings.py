@@ -33,4 +33,4 @@ def engine_settings(deployment: str | None, model_path: str | None, num_threads:
     if params.get("speculative_decoding_mode") == "draft_model":
         draft = Path(params.get("draft_model_path", ""))
         config.draft_model_path = str(draft if draft.is_absolute() else REPO / draft)
-    return str(model.resolve()), model.name, config
+    return str(model.resolve()), model.stem if model.is_file() else model.name, config  # a GGUF: its file's stem

@@ -1,0 +1,39 @@
+"""The repository as deployment.yaml renders it, with the LLM on the demo toy instead of the default model.
+
+What still needs the toy (docs/engine.md, "The demo toy"): a LoRA adapter trained for its base model (lora_task_id 1,
+`build/models/demo-lora/python`), an AWQ checkpoint quantize.py writes from an HF float folder (profile ``int4``,
+`build/models/demo-int4-awq`), and the serving-mechanics tests that would take the real model minutes to decode
+(tests/conftest.py says which fixture serves what). Everything else is the default deployment: the same renderer,
+configs and adapters; only ``llm.gpt_model_path`` / ``tokenizer_dir``, the adapters and profile int4 change.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "build" / "models" / "demo"
+DEMO_LORA = ROOT / "build" / "models" / "demo-lora" / "python"
+DEMO_INT4 = ROOT / "build" / "models" / "demo-int4-awq"
+
+
+def toy_deployment() -> dict:
+    from render_configs import load_deployment
+
+    dep = load_deployment(ROOT / "deployment.yaml")
+    dep["llm"]["gpt_model_path"] = dep["llm"]["tokenizer_dir"] = str(DEMO)  # absolute: kept as is by the renderer
+    dep["models"]["tensorrt_llm"]["parameters"]["lora_adapters"] = {1: str(DEMO_LORA)}
+    dep.setdefault("profiles", {})["int4"] = {"model": str(DEMO_INT4), "tokenizer": str(DEMO)}
+    return dep
+
+
+def toy_repository() -> Path:
+    """A temp checkout-like folder (model_repository/ and ensembles/, rendered for the toy); the caller removes it."""
+    from render_configs import render_files, write_files
+
+    tmp = Path(tempfile.mkdtemp(prefix="toy-repo-"))
+    for folder in ("model_repository", "ensembles"):
+        shutil.copytree(ROOT / folder, tmp / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    write_files(render_files(toy_deployment(), repo=tmp), repo=tmp)
+    return tmp
