@@ -83,6 +83,17 @@ def unary_request(url: str, model: str, tensors: dict):
         client.close()
 
 
+def served_parameters(server, model: str) -> dict[str, str]:
+    """The string parameters of ``model``'s config as the server loaded it."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        return {k: v["string_value"] for k, v in client.get_model_config(model)["parameters"].items()}
+    finally:
+        client.close()
+
+
 def text_of(chunks: list[dict]) -> str:
     return "".join(c["text_output"].reshape(-1)[0].decode("utf-8") for c in chunks if "text_output" in c)
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tritonclient.http as httpclient
-
-from robustness_helpers import ids_of, ids_tensors, stream_request, text_of, text_tensors, wait_idle
+from robustness_helpers import ids_of, ids_tensors, served_parameters, stream_request, text_of, text_tensors, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT_IDS = [1, 415, 1739, 302, 264, 727, 2872]
@@ -22,12 +20,7 @@ def test_the_int4_profile_serves_the_awq_checkpoint_as_our_engine_does(int4_serv
     from tritonllm.engine.engine import LLMEngine
     from tritonllm.engine.request import SamplingParams
 
-    client = httpclient.InferenceServerClient(int4_server.http_url)
-    try:
-        params = client.get_model_config("tensorrt_llm")["parameters"]
-    finally:
-        client.close()
-    assert params["gpt_model_path"]["string_value"].endswith("build/models/demo-int4-awq")
+    assert served_parameters(int4_server, "tensorrt_llm")["gpt_model_path"].endswith("build/models/demo-int4-awq")
 
     chunks, err = stream_request(int4_server.grpc_url, "tensorrt_llm", ids_tensors(PROMPT_IDS, 16, stream=True))
     assert err is None, err.message()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from openai_helpers import openai_server, sdk_client
-from robustness_helpers import stream_request, text_of, text_tensors, wait_idle
+from robustness_helpers import served_parameters, stream_request, text_of, text_tensors, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
 GGUF = ROOT / "build" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,15 +51,9 @@ def reference():
 
 
 def test_the_default_deployment_names_the_real_model(triton_server):
-    import tritonclient.http as httpclient
-
-    client = httpclient.InferenceServerClient(triton_server.http_url)
-    try:
-        params = client.get_model_config("tensorrt_llm")["parameters"]
-    finally:
-        client.close()
-    assert params["gpt_model_path"]["string_value"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert os.path.samefile(GGUF, ROOT / "model_repository" / "tensorrt_llm" / params["gpt_model_path"]["string_value"])
+    path = served_parameters(triton_server, "tensorrt_llm")["gpt_model_path"]
+    assert path.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert os.path.samefile(GGUF, ROOT / "model_repository" / "tensorrt_llm" / path)
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])

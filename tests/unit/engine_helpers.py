@@ -100,3 +100,19 @@ def run_staggered(engine, prompts, params_of, arrive_every: int = 1, max_steps: 
         step += 1
         assert step < max_steps, "engine did not converge"
     return results, finished
+
+
+def last_logits(engine, prompt: list[int]) -> torch.Tensor:
+    """The fp32 logits the engine computes for the prompt's last position (its prefill forward)."""
+    from tritonllm.engine.request import SamplingParams
+
+    seen = []
+    forward = engine.model.forward
+    engine.model.forward = lambda *a, **kw: seen.append(forward(*a, **kw)) or seen[-1]
+    try:
+        engine.add_request("logits", prompt, SamplingParams(max_tokens=1, end_id=-1))
+        while engine.has_work():
+            engine.step()
+    finally:
+        engine.model.forward = forward
+    return seen[0][-1]

@@ -18,7 +18,7 @@ from tritonllm.engine.hf_config import UnsupportedModelError
 from tritonllm.engine.quant import Int4Weight, Int8Weight, RowStack
 from tritonllm.engine.request import SamplingParams
 
-from engine_helpers import hf_greedy, make_checkpoint
+from engine_helpers import hf_greedy, last_logits, make_checkpoint
 from gguf_helpers import hf_gguf_greedy, write_gguf
 
 native = pytest.mark.skipif(cpu_kernels.load() is None, reason="native CPU kernels unavailable here")
@@ -155,20 +155,9 @@ def test_int8_activations_stay_within_the_documented_bound(wide_llama, tmp_path)
     assert fast.model.layers[0].qkv.int8_activations and not exact.model.layers[0].qkv.int8_activations
     for seed in range(4):
         prompt = torch.randint(3, 300, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
-        a, e, b = (_last_logits(x, prompt) for x in (fast, exact, ref))
+        a, e, b = (last_logits(x, prompt) for x in (fast, exact, ref))
         assert 0 < float((a - b).abs().max()) <= 0.1 * float(b.abs().max()), seed
         assert float((e - b).abs().max()) <= 1e-4 * float(b.abs().max()), seed  # fp32 activations: rounding only
-
-
-def _last_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
-    seen = []
-    forward = engine.model.forward
-    engine.model.forward = lambda *a, **kw: seen.append(forward(*a, **kw)) or seen[-1]
-    engine.add_request("p", prompt, SamplingParams(max_tokens=1, end_id=-1))
-    while engine.has_work():
-        engine.step()
-    engine.model.forward = forward
-    return seen[0][-1]
 
 
 def test_mixed_types_in_one_layer_fuse_into_a_row_stack(wide_llama, tmp_path):

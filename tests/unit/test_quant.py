@@ -13,7 +13,7 @@ from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.quant import Int4Weight, Int8Weight, quantize
 from tritonllm.engine.request import SamplingParams
 
-from engine_helpers import hf_greedy, make_checkpoint
+from engine_helpers import hf_greedy, last_logits, make_checkpoint
 
 ext = cpu_kernels.load() if cpu_kernels.cpu_supported() else None
 native = pytest.mark.skipif(ext is None, reason="native CPU kernels unavailable (not x86 AVX2)")
@@ -207,17 +207,6 @@ def test_engine_greedy_equals_hf_on_the_dequantized_weights(ckpt, tmp_path, quan
     assert _greedy(eng, prompt, 12) == hf_greedy(ref, prompt, 12)
 
 
-def _prefill_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
-    seen = []
-    forward = engine.model.forward
-    engine.model.forward = lambda *a, **kw: seen.append(forward(*a, **kw)) or seen[-1]
-    engine.add_request("p", prompt, SamplingParams(max_tokens=1, end_id=-1))
-    while engine.has_work():
-        engine.step()
-    engine.model.forward = forward
-    return seen[0][-1]
-
-
 @native
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 def test_engine_native_int8_dot_products_follow_the_float_path(ckpt, quantization):
@@ -233,7 +222,7 @@ def test_engine_native_int8_dot_products_follow_the_float_path(ckpt, quantizatio
     agree = 0
     for seed in range(12):
         prompt = torch.randint(3, 211, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
-        a, b = _prefill_logits(fast, prompt), _prefill_logits(ref, prompt)
+        a, b = last_logits(fast, prompt), last_logits(ref, prompt)
         assert 0 < float((a - b).abs().max()) <= 0.1 * float(b.abs().max()), seed
         agree += int(a.argmax()) == int(b.argmax())
     assert agree >= 10
@@ -291,8 +280,8 @@ def test_engine_with_an_int8_kv_cache_follows_full_precision_closer_than_fp8(ckp
     worst = {"int8": 0.0, "fp8": 0.0}
     for n in range(1, 9):
         ids = prompt + tokens[:n - 1]
-        ref = _prefill_logits(full, ids)
+        ref = last_logits(full, ids)
         for kv, engine in caches.items():
-            worst[kv] = max(worst[kv], float((_prefill_logits(engine, ids) - ref).abs().max() / ref.abs().max()))
+            worst[kv] = max(worst[kv], float((last_logits(engine, ids) - ref).abs().max() / ref.abs().max()))
     assert worst["int8"] <= 0.05 and worst["int8"] < worst["fp8"], worst
     assert all(e.pool.num_free == e.pool.num_blocks for e in caches.values())

@@ -121,7 +121,9 @@ void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tenso
 //         d and m [G, nb, 8] (weight = d * q + m, m = -d * zero point).
 //   Scales (d, m) are fp32, or fp16 where every one of a weight's is exactly a float16 (GGUF's Q4_0 / Q4_1 /
 //   Q8_0 blocks: half the scale bytes, a fifth of an int4 weight's traffic); the tiles take their type S.
-struct X8Args { const uint8_t* w; const void* d; const void* m; const float* b; float* y; int64_t M, K, N; };
+// x and xs (the fp32-activation kernels': activations and their per-block sums) are set by run_f32.
+struct X8Args { const uint8_t* w; const void* d; const void* m; const float* b; float* y; int64_t M, K, N;
+                const float* x = nullptr; const float* xs = nullptr; };
 
 template <typename S> inline __m256 load8(const S* p);
 template <> inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
@@ -265,33 +267,27 @@ void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, c10
               t.sizes(), " ", t.scalar_type());
 }
 
-torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                          const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+// A weight's layout, checked once for both activation modes: the kernel arguments and which tiles apply.
+struct X8Layout { X8Args args; int64_t G; bool fp16_scales, per_block, sub16, has_m; };
+
+// int4: d and m [G, K/32, 8].
+X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
+                     const c10::optional<torch::Tensor>& b, int64_t N) {
   check_x8(q, 4, at::kByte, N, "linear_q4x8");
   const int64_t G = q.size(0), K = q.size(1) * QK;
   check_scales(d, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8 d");
   check_scales(m, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8 m");
   check_x(x, K, b, N);
   const bool has_b = b.has_value() && b->defined();
-  const X8Args a{q.data_ptr<uint8_t>(), d.data_ptr(), m.data_ptr(), has_b ? b->data_ptr<float>() : nullptr, nullptr, 0,
-                 K, N};
-  if (d.scalar_type() == at::kHalf)
-    return run_x8(x, a, q4x8_tile<at::Half, 1>, q4x8_tile<at::Half, 4>, q4x8_tile<at::Half, 8>, G);
-  return run_x8(x, a, q4x8_tile<float, 1>, q4x8_tile<float, 4>, q4x8_tile<float, 8>, G);
+  return {X8Args{q.data_ptr<uint8_t>(), d.data_ptr(), m.data_ptr(), has_b ? b->data_ptr<float>() : nullptr, nullptr, 0,
+                 K, N},
+          G, d.scalar_type() == at::kHalf, true, false, true};
 }
 
-template <typename S>
-torch::Tensor run_q8x8(const torch::Tensor& x, const X8Args& a, bool per_block, bool half, int64_t G) {
-  if (half) return run_x8(x, a, q8x8_tile<S, true, true, 1>, q8x8_tile<S, true, true, 4>, q8x8_tile<S, true, true, 8>, G);
-  if (per_block)
-    return run_x8(x, a, q8x8_tile<S, true, false, 1>, q8x8_tile<S, true, false, 4>, q8x8_tile<S, true, false, 8>, G);
-  return run_x8(x, a, q8x8_tile<S, false, false, 1>, q8x8_tile<S, false, false, 4>, q8x8_tile<S, false, false, 8>, G);
-}
-
-// d [G, 8]: one scale per row; d [G, K/32, 8]: per row and block, with m (zero shares) or without; d [G, K/16, 8]:
+// int8: d [G, 8] one scale per row; d [G, K/32, 8] per row and block, with m (zero shares) or without; d [G, K/16, 8]
 // per row and half block, without m.
-torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                          const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+X8Layout q8x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                     const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
   check_x8(q, 8, at::kChar, N, "linear_q8x8");
   const int64_t G = q.size(0), K = q.size(1) * QK;
   const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
@@ -302,10 +298,32 @@ torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const 
   if (has_m) check_scales(*m, {G, K / QK, 8}, d.scalar_type(), "linear_q8x8 m");
   check_x(x, K, b, N);
   const bool has_b = b.has_value() && b->defined();
-  const X8Args a{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), d.data_ptr(), has_m ? m->data_ptr() : nullptr,
-                 has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N};
-  if (d.scalar_type() == at::kHalf) return run_q8x8<at::Half>(x, a, per_block, half, G);
-  return run_q8x8<float>(x, a, per_block, half, G);
+  return {X8Args{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), d.data_ptr(), has_m ? m->data_ptr() : nullptr,
+                 has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N},
+          G, d.scalar_type() == at::kHalf, per_block, half, has_m};
+}
+
+template <typename S>
+torch::Tensor run_q8x8(const torch::Tensor& x, const X8Layout& l) {
+  const X8Args& a = l.args;
+  if (l.sub16) return run_x8(x, a, q8x8_tile<S, true, true, 1>, q8x8_tile<S, true, true, 4>, q8x8_tile<S, true, true, 8>, l.G);
+  if (l.per_block)
+    return run_x8(x, a, q8x8_tile<S, true, false, 1>, q8x8_tile<S, true, false, 4>, q8x8_tile<S, true, false, 8>, l.G);
+  return run_x8(x, a, q8x8_tile<S, false, false, 1>, q8x8_tile<S, false, false, 4>, q8x8_tile<S, false, false, 8>, l.G);
+}
+
+torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                          const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+  const X8Layout l = q4x8_layout(x, q, d, m, b, N);
+  if (l.fp16_scales)
+    return run_x8(x, l.args, q4x8_tile<at::Half, 1>, q4x8_tile<at::Half, 4>, q4x8_tile<at::Half, 8>, l.G);
+  return run_x8(x, l.args, q4x8_tile<float, 1>, q4x8_tile<float, 4>, q4x8_tile<float, 8>, l.G);
+}
+
+torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                          const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+  const X8Layout l = q8x8_layout(x, q, d, m, b, N);
+  return l.fp16_scales ? run_q8x8<at::Half>(x, l) : run_q8x8<float>(x, l);
 }
 
 template <typename S>
@@ -370,22 +388,8 @@ torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c
 // fp32 in registers and multiplied with the activations as they are, so the product is the float matmul of the
 // dequantized weights (up to summation order: per block, d * sum(q x) + m * sum(x)), with no activation rounding.
 // Each 32-bit lane holds one row's 4 codes of a chunk; constant shifts walk them (low byte / nibble first).
-struct F32Args { const uint8_t* w; const void* d; const void* m; const float* b; const float* x; const float* xs;
-                 float* y; int64_t M, K, N; };
-
-template <int MB>
-inline void f32_store(const F32Args& a, const __m256 (&acc)[MB], int64_t g, int64_t m0) {
-  const int64_t n0 = g * 8, rows = std::min<int64_t>(8, a.N - n0);
-  for (int m = 0; m < MB; ++m) {
-    float out[8];
-    _mm256_storeu_ps(out, acc[m]);
-    float* y = a.y + (m0 + m) * a.N + n0;
-    for (int64_t r = 0; r < rows; ++r) y[r] = a.b ? out[r] + a.b[n0 + r] : out[r];
-  }
-}
-
 template <typename S, int MB>
-inline void q4x8_f32_tile(const F32Args& a, int64_t g, int64_t m0) {
+inline void q4x8_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
   const int64_t nb = a.K / QK;
   const __m256i low = _mm256_set1_epi32(0x0F);
   const uint8_t* wg = a.w + g * nb * 128;
@@ -414,12 +418,12 @@ inline void q4x8_f32_tile(const F32Args& a, int64_t g, int64_t m0) {
       acc[m] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(a.xs + (m0 + m) * nb + blk), acc[m]);
     }
   }
-  f32_store<MB>(a, acc, g, m0);
+  store8<MB>(a, acc, g, m0);
 }
 
 // int8 codes: a byte is sign-extended by shifting it to the top of its lane and back (arithmetic).
 template <typename S, bool PER_BLOCK, bool HALF, int MB>
-inline void q8x8_f32_tile(const F32Args& a, int64_t g, int64_t m0) {
+inline void q8x8_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
   const int64_t nb = a.K / QK;
   const uint8_t* wg = a.w + g * nb * 256;
   const S* d = static_cast<const S*>(a.d);
@@ -458,13 +462,13 @@ inline void q8x8_f32_tile(const F32Args& a, int64_t g, int64_t m0) {
     const __m256 dv = load8(d + g * 8);
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
   }
-  f32_store<MB>(a, acc, g, m0);
+  store8<MB>(a, acc, g, m0);
 }
 
 // Up to 4 activation rows share each widened weight vector (4 accumulators + 4 block sums fit AVX2's 16
 // registers beside the weights).
 template <class Tile1, class Tile4>
-torch::Tensor run_f32(const torch::Tensor& x, F32Args a, bool need_sums, Tile1 tile1, Tile4 tile4, int64_t G) {
+torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, Tile1 tile1, Tile4 tile4, int64_t G) {
   auto y = torch::empty({x.size(0), a.N}, x.options());
   a.y = y.data_ptr<float>();
   a.x = x.data_ptr<float>();
@@ -490,41 +494,23 @@ torch::Tensor run_f32(const torch::Tensor& x, F32Args a, bool need_sums, Tile1 t
 
 torch::Tensor linear_q4x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                               const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
-  check_x8(q, 4, at::kByte, N, "linear_q4x8_f32");
-  const int64_t G = q.size(0), K = q.size(1) * QK;
-  check_scales(d, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8_f32 d");
-  check_scales(m, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8_f32 m");
-  check_x(x, K, b, N);
-  const bool has_b = b.has_value() && b->defined();
-  const F32Args a{q.data_ptr<uint8_t>(), d.data_ptr(), m.data_ptr(), has_b ? b->data_ptr<float>() : nullptr,
-                  nullptr, nullptr, nullptr, 0, K, N};
-  if (d.scalar_type() == at::kHalf) return run_f32(x, a, true, q4x8_f32_tile<at::Half, 1>, q4x8_f32_tile<at::Half, 4>, G);
-  return run_f32(x, a, true, q4x8_f32_tile<float, 1>, q4x8_f32_tile<float, 4>, G);
+  const X8Layout l = q4x8_layout(x, q, d, m, b, N);
+  if (l.fp16_scales) return run_f32(x, l.args, true, q4x8_f32_tile<at::Half, 1>, q4x8_f32_tile<at::Half, 4>, l.G);
+  return run_f32(x, l.args, true, q4x8_f32_tile<float, 1>, q4x8_f32_tile<float, 4>, l.G);
 }
 
 template <typename S>
-torch::Tensor run_q8x8_f32(const torch::Tensor& x, const F32Args& a, bool per_block, bool half, bool has_m, int64_t G) {
-  if (half) return run_f32(x, a, false, q8x8_f32_tile<S, true, true, 1>, q8x8_f32_tile<S, true, true, 4>, G);
-  if (per_block) return run_f32(x, a, has_m, q8x8_f32_tile<S, true, false, 1>, q8x8_f32_tile<S, true, false, 4>, G);
-  return run_f32(x, a, false, q8x8_f32_tile<S, false, false, 1>, q8x8_f32_tile<S, false, false, 4>, G);
+torch::Tensor run_q8x8_f32(const torch::Tensor& x, const X8Layout& l) {
+  if (l.sub16) return run_f32(x, l.args, false, q8x8_f32_tile<S, true, true, 1>, q8x8_f32_tile<S, true, true, 4>, l.G);
+  if (l.per_block)
+    return run_f32(x, l.args, l.has_m, q8x8_f32_tile<S, true, false, 1>, q8x8_f32_tile<S, true, false, 4>, l.G);
+  return run_f32(x, l.args, false, q8x8_f32_tile<S, false, false, 1>, q8x8_f32_tile<S, false, false, 4>, l.G);
 }
 
 torch::Tensor linear_q8x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                               const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
-  check_x8(q, 8, at::kChar, N, "linear_q8x8_f32");
-  const int64_t G = q.size(0), K = q.size(1) * QK;
-  const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
-  const bool half = per_block && d.size(1) == 2 * (K / QK);
-  check_scales(d, per_block ? std::vector<int64_t>{G, (half ? 2 : 1) * K / QK, 8} : std::vector<int64_t>{G, 8},
-               d.scalar_type(), "linear_q8x8_f32 d");
-  TORCH_CHECK(!has_m || (per_block && !half), "linear_q8x8_f32: m needs per-block d (of whole blocks)");
-  if (has_m) check_scales(*m, {G, K / QK, 8}, d.scalar_type(), "linear_q8x8_f32 m");
-  check_x(x, K, b, N);
-  const bool has_b = b.has_value() && b->defined();
-  const F32Args a{reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>()), d.data_ptr(), has_m ? m->data_ptr() : nullptr,
-                  has_b ? b->data_ptr<float>() : nullptr, nullptr, nullptr, nullptr, 0, K, N};
-  if (d.scalar_type() == at::kHalf) return run_q8x8_f32<at::Half>(x, a, per_block, half, has_m, G);
-  return run_q8x8_f32<float>(x, a, per_block, half, has_m, G);
+  const X8Layout l = q8x8_layout(x, q, d, m, b, N);
+  return l.fp16_scales ? run_q8x8_f32<at::Half>(x, l) : run_q8x8_f32<float>(x, l);
 }
 
 torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
