@@ -77,7 +77,7 @@ def encode_tensor(w: np.ndarray, type_name: str, rng: np.random.Generator):
 
 
 def write_gguf(path, model_dir: str, gguf_arch: str = "llama", matrix_type: str | dict = "F32",
-               name: str = "tiny", seed: int = 0, tokenizer: bool = False) -> str:
+               name: str = "tiny", seed: int = 0) -> str:
     """The HF checkpoint ``model_dir`` as a GGUF file at ``path``; ``matrix_type``: one GGML type for every matrix,
     or {tensor-name suffix: type} (first match; "" for the rest)."""
     import gguf
@@ -105,12 +105,6 @@ def write_gguf(path, model_dir: str, gguf_arch: str = "llama", matrix_type: str 
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_eos_token_id(2)
-    if tokenizer:  # a byte-per-token GPT-2 vocabulary, enough for transformers to build a tokenizer
-        tokens = [f"<t{i}>" for i in range(cfg["vocab_size"])]
-        writer.add_tokenizer_model("gpt2")
-        writer.add_token_list(tokens)
-        writer.add_token_types([1] * len(tokens))
-        writer.add_token_merges([])
     rng = np.random.default_rng(seed)
     for hf_name, w in state.items():
         base, _, suffix = hf_name.rpartition(".")
