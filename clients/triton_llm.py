@@ -39,6 +39,7 @@ except ImportError:  # run from a checkout without `pip install -e .`: the libra
 
 TEXT_MODELS = ("ensemble", "tensorrt_llm_bls")
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
+BLS_ONLY_OUTPUTS = ("finish_reason",)  # ours: the BLS passes the engine's reason on (the ensemble has none)
 _LOGPROB_OUTPUTS = ("output_log_probs", "cum_log_probs")
 _TOP_OUTPUTS = tuple(t.name for t in C.TOP_LOGPROB_OUTPUTS)
 
@@ -50,6 +51,35 @@ _OPTIONS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "pres
 _SCALARS: dict[str, tuple[Any, str]] = {
     t.name: (np.dtype(C.numpy_dtype(t.dtype)).type, _TRITON_DTYPE.get(t.dtype, t.dtype[len("TYPE_"):]))
     for t in C.BLS_INPUTS if t.name in _OPTIONS}  # the BLS's: NVIDIA's ensemble inputs and ours
+
+
+class OutOfRange(ValueError):
+    """A value that does not fit the input tensor it is sent in (refused: a tensor never wraps it around)."""
+
+    def __init__(self, name: str, value, low, high):
+        super().__init__(f"{name} = {value} does not fit the model's input (from {low} to {high})")
+        self.name = name
+
+
+def integer_bounds(name: str) -> tuple[int, int]:
+    """(min, max) of the integer tensor ``name`` (a text-model input: max_tokens, seed, top_k, ...)."""
+    np_type = np.int32 if name in ("max_tokens", "logit_bias_ids") else _SCALARS[name][0]
+    info = np.iinfo(np_type)
+    return int(info.min), int(info.max)
+
+
+def _fitting(name: str, value, np_type):
+    """``value`` checked against ``np_type`` before conversion: integers within the type's range, floats finite
+    (numpy would wrap an int around, or raise OverflowError, and turn a huge float into inf)."""
+    if np.issubdtype(np_type, np.integer) and not isinstance(value, bool):
+        low, high = (int(v) for v in (np.iinfo(np_type).min, np.iinfo(np_type).max))
+        if not low <= int(value) <= high:
+            raise OutOfRange(name, value, low, high)
+    elif np.issubdtype(np_type, np.floating) and not np.isfinite(np.asarray(value, dtype=np.float64)).all():
+        raise OutOfRange(name, value, "finite", "values")
+    elif np.issubdtype(np_type, np.floating) and abs(float(value)) > float(np.finfo(np_type).max):
+        raise OutOfRange(name, value, -float(np.finfo(np_type).max), float(np.finfo(np_type).max))
+    return value
 
 
 def default_tokenizer_dir() -> Path:
@@ -109,7 +139,7 @@ class GenerationParams:
         """Input name -> (array with the batch dimension, Triton dtype)."""
         out: dict[str, tuple[np.ndarray, str]] = {
             "text_input": (np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES"),
-            "max_tokens": (np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
+            "max_tokens": (np.array([[_fitting("max_tokens", self.max_tokens, np.int32)]], dtype=np.int32), "INT32"),
             "stream": (np.array([[stream]], dtype=np.bool_), "BOOL"),
             "return_num_input_tokens": (np.array([[True]], dtype=np.bool_), "BOOL"),
             "return_num_output_tokens": (np.array([[True]], dtype=np.bool_), "BOOL"),
@@ -117,7 +147,7 @@ class GenerationParams:
         for name, (np_type, triton_type) in _SCALARS.items():
             value = getattr(self, name)
             if value is not None:
-                out[name] = (np.array([[value]], dtype=np_type), triton_type)
+                out[name] = (np.array([[_fitting(name, value, np_type)]], dtype=np_type), triton_type)
         for name, words in (("stop_words", self.stop_words), ("bad_words", self.bad_words)):
             if words:
                 out[name] = (np.array([[w.encode("utf-8") for w in words]], dtype=object), "BYTES")
@@ -126,7 +156,8 @@ class GenerationParams:
             if value is not None:
                 out[name] = (np.array([[value.encode("utf-8")]], dtype=object), "BYTES")
         if self.logit_bias:
-            out["logit_bias_ids"] = (np.array([list(self.logit_bias)], dtype=np.int32), "INT32")
+            ids = [_fitting("logit_bias_ids", i, np.int32) for i in self.logit_bias]
+            out["logit_bias_ids"] = (np.array([ids], dtype=np.int32), "INT32")
             out["logit_bias_weights"] = (np.array([list(self.logit_bias.values())], dtype=np.float32), "FP32")
         return out
 
@@ -140,8 +171,9 @@ class GenerationParams:
                 else values[0]
         return body
 
-    def requested_outputs(self) -> tuple[str, ...]:
-        return (_OUTPUTS + (_LOGPROB_OUTPUTS if self.return_log_probs else ())
+    def requested_outputs(self, model: str = "tensorrt_llm_bls") -> tuple[str, ...]:
+        return (_OUTPUTS + (BLS_ONLY_OUTPUTS if model == "tensorrt_llm_bls" else ())
+                + (_LOGPROB_OUTPUTS if self.return_log_probs else ())
                 + (("sequence_index",) if (self.num_return_sequences or 1) > 1 else ())
                 + (_TOP_OUTPUTS if self.top_logprobs else ()))
 
@@ -157,6 +189,7 @@ class Chunk:
     cum_log_prob: float | None = None
     sequence_index: int = 0
     top_log_probs: list[list[tuple[int, float]]] | None = None  # per token: (id, log prob), most likely first
+    finish_reason: str | None = None  # the engine's, on a sequence's last chunk (BLS): stop, length, timeout, abort
 
 
 def chunk_from(get: Callable[[str], Any]) -> Chunk:
@@ -186,12 +219,17 @@ def chunk_from(get: Callable[[str], Any]) -> Chunk:
         cum_log_prob=float(cum) if cum is not None else None,
         sequence_index=int(seq) if seq is not None else 0,
         top_log_probs=top,
+        finish_reason=_text(first("finish_reason")) or None,
     )
+
+
+def _text(value) -> str:
+    return "" if value is None else value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 # --------------------------------------------------------------------------- gRPC
 
-def grpc_inputs(params: GenerationParams, prompt: str, stream: bool):
+def grpc_inputs(params: GenerationParams, prompt: str, stream: bool, model: str = "tensorrt_llm_bls"):
     import tritonclient.grpc as grpcclient
 
     inputs = []
@@ -199,7 +237,7 @@ def grpc_inputs(params: GenerationParams, prompt: str, stream: bool):
         t = grpcclient.InferInput(name, list(array.shape), dtype)
         t.set_data_from_numpy(array)
         inputs.append(t)
-    outputs = [grpcclient.InferRequestedOutput(n) for n in params.requested_outputs()]
+    outputs = [grpcclient.InferRequestedOutput(n) for n in params.requested_outputs(model)]
     return inputs, outputs
 
 
@@ -214,7 +252,7 @@ def grpc_generate(url: str, model: str, prompt: str, params: GenerationParams, s
         # No triton_grpc_error header: it would give in-stream errors a status, but on Triton 2.51 it
         # crashed the server under some sequences of errors (docs/nvidia_clients.md).
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        inputs, outputs = grpc_inputs(params, prompt, stream)
+        inputs, outputs = grpc_inputs(params, prompt, stream, model)
         client.async_stream_infer(model, inputs, outputs=outputs, enable_empty_final_response=True)
         while True:
             try:
@@ -243,7 +281,7 @@ def http_generate(url: str, model: str, prompt: str, params: GenerationParams, s
     base = url if url.startswith("http") else f"http://{url}"
     endpoint = f"{base}/v2/models/{model}/generate" + ("_stream" if stream else "")
     body = params.generate_json(prompt, stream)
-    wanted = set(params.requested_outputs())  # /generate returns every output; keep what was asked for
+    wanted = set(params.requested_outputs(model))  # /generate returns every output; keep what was asked for
 
     def pick(event: dict):
         return lambda name: event.get(name) if name in wanted else None

@@ -28,7 +28,8 @@ Contracts (parameter ``contract``): ``ensemble`` (default; NVIDIA's ensemble / B
 
 Config parameters (string_value): contract, tokenizer_dir, tensorrt_llm_model_name, preprocessing_model_name,
 skip_special_tokens (default true), include_stop_words (default false: text ends just before a stop
-word, OpenAI's semantics; true: through it, NVIDIA's BLS), max_inflight_requests (worker threads,
+word, OpenAI's semantics; true: through it, NVIDIA's BLS), engine_finish_reason (default true: ask tensorrt_llm
+for its finish_reason and pass it on; false for NVIDIA's backend, which has none), max_inflight_requests (worker threads,
 default 64; more rows queue), accumulate_tokens (NVIDIA's; ignored: deltas are exact without it).
 """
 import itertools
@@ -97,6 +98,7 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.traits = tokenizer_traits(self.tokenizer)
         self.skip_special = parse_bool(params.get("skip_special_tokens"), True)
+        self.engine_finish_reason = parse_bool(params.get("engine_finish_reason"), True)  # false: NVIDIA's backend
         self.include_stop_words = parse_bool(params.get("include_stop_words"), False)
         self.llmapi = (params.get("contract") or "ensemble") == "llmapi"
         if params.get("contract") not in (None, "", "ensemble", "llmapi"):
@@ -182,7 +184,7 @@ class TritonPythonModel:
     def _llm_request(self, row, req, pre, stream):
         inputs = [pb_utils.Tensor(k, v) for k, v in B.llm_inputs(req, pre, stream=stream).items()]
         timeout = B.inner_timeout_us(row.job.timeout_us, time.monotonic() - row.job.start)
-        return pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=B.llm_outputs(req),
+        return pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=B.llm_outputs(req, self.engine_finish_reason),
                                          inputs=inputs, request_id=row.inner_id, timeout=timeout)
 
     def _generate_unary(self, row, req, pre, seqs):

@@ -163,8 +163,14 @@ ENGINE_STREAM_OUTPUTS: tuple[Tensor, ...] = (
 # True)): one Python round trip per streamed token fewer than NVIDIA's three steps. Direct callers get none.
 LLM_TEXT_OUTPUT = Tensor("text_output", "TYPE_STRING", (-1,), nvidia=False)
 
+# Not NVIDIA's: why a sequence ended, on its last response ("stop": end id or stop word / string, "length":
+# max_tokens, "timeout": the request's deadline, "abort": stopped or cancelled), "" on the others. Data, so that
+# the BLS and the OpenAI front pass the engine's reason on instead of guessing it from token counts. NVIDIA's
+# backend (GPU profile) has none: its clients then infer as before.
+FINISH_REASON_OUTPUT = Tensor("finish_reason", "TYPE_STRING", (1,), nvidia=False)
+
 TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS, *TOP_LOGPROB_OUTPUTS,
-                                           LLM_TEXT_OUTPUT)
+                                           LLM_TEXT_OUTPUT, FINISH_REASON_OUTPUT)
 
 # --------------------------------------------------------------------------- preprocessing (tokenizer)
 # QUERY and REQUEST_OUTPUT_LEN: optional here, required by the step itself (see TEXT_INPUTS).
@@ -252,7 +258,7 @@ BLS_INPUTS: tuple[Tensor, ...] = (
     Tensor("logit_bias_ids", "TYPE_INT32", (-1,), optional=True, nvidia=False),
     Tensor("logit_bias_weights", "TYPE_FP32", (-1,), optional=True, nvidia=False),
 )
-BLS_OUTPUTS: tuple[Tensor, ...] = (*TEXT_OUTPUTS, *TOP_LOGPROB_OUTPUTS)
+BLS_OUTPUTS: tuple[Tensor, ...] = (*TEXT_OUTPUTS, *TOP_LOGPROB_OUTPUTS, FINISH_REASON_OUTPUT)
 
 # --------------------------------------------------------------------------- ensemble wiring (NVIDIA's)
 # Internal tensors carry NVIDIA's names (leading underscore) so their ensemble reads the same.

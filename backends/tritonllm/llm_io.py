@@ -279,7 +279,8 @@ def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool, ti
 def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: float, num_input: int,
                     flags: OutputFlags, metrics: RequestMetrics | None = None, batch_index: int | None = None,
                     request_key: int = 0, is_final: bool = True, sequence_index: int | None = None,
-                    top: list[list[tuple[int, float]]] | None = None) -> dict[str, np.ndarray]:
+                    top: list[list[tuple[int, float]]] | None = None,
+                    finish_reason: str | None = None) -> dict[str, np.ndarray]:
     """Arrays of one response of one row: batch 1, beam 1 (output_ids [1, 1, N], sequence_length [1, 1], ...).
 
     `request_key` (unique per engine request) and `is_final` are not NVIDIA outputs: wired to the
@@ -307,6 +308,7 @@ def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: fl
         out.update(perf_arrays(metrics))
     out["request_key"] = np.asarray([[request_key]], dtype=np.uint64)
     out["is_final"] = np.asarray([[is_final]], dtype=np.bool_)
+    out["finish_reason"] = np.asarray([[(finish_reason or "").encode()]], dtype=object)
     return out
 
 

@@ -16,7 +16,8 @@ read from their source):
 - ``stream_interval`` n > 1 (ours, as SGLang's): a streaming row sends its first token at once, then
   holds tokens until n are pending or it finishes, so each later response carries n tokens (the last
   one, the rest); the tokens and their order are unchanged;
-- a client cancellation answers CANCELLED; an engine error answers INTERNAL; either ends the whole job
+- a client cancellation answers CANCELLED; an engine error answers its code (INVALID_ARG for a request the engine
+  refused once admitted, e.g. a guide that did not compile; INTERNAL otherwise); either ends the whole job
   (its other rows are aborted) with one final error reply.
 
 Invariants: a job gets exactly one final reply and nothing after it; a job leaves the registry before
@@ -48,7 +49,7 @@ class Reply:
     arrays: dict[str, np.ndarray] | None = None  # None: no outputs (an error, or a flag-only final)
     final: bool = False
     error: str | None = None
-    code: str | None = None                       # INTERNAL | CANCELLED when error is set
+    code: str | None = None                       # INTERNAL | INVALID_ARG | CANCELLED when error is set
 
 
 @dataclass
@@ -208,7 +209,7 @@ class Jobs:
                 row.first_token = time.monotonic()
         if failed:
             if out.error is not None:
-                return [Reply(job.sender, final=True, error=out.error, code=INTERNAL)], others, None
+                return [Reply(job.sender, final=True, error=out.error, code=out.error_code or INTERNAL)], others, None
             return [Reply(job.sender, final=True, error="request cancelled", code=CANCELLED)], others, None
         return self._data(row, out), [], (self._figures(row, out) if out.finished else None)
 
@@ -223,7 +224,8 @@ class Jobs:
 
         def arrays(ids, logprobs, top):
             got = response_arrays(ids, logprobs, out.cum_logprob, out.num_prompt_tokens, req.flags, out.metrics,
-                                  batch_index, int(row.rid), out.finished, sequence_index, top)
+                                  batch_index, int(row.rid), out.finished, sequence_index, top,
+                                  out.finish_reason if out.finished else None)
             if row.detok is not None:  # postprocessing's OUTPUT: [1] UTF-8 bytes, the exact delta
                 text = row.detok.finish(ids) if out.finished else row.detok.add(ids)
                 got["text_output"] = np.array([text.encode("utf-8")], dtype=object)

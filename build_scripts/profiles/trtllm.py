@@ -278,5 +278,10 @@ def render(deployment: dict, settings: dict, repo: Path, defaults: dict) -> dict
     """Model name -> config for the models this profile overrides (the renderer's profile hook)."""
     s = settings_with_defaults(settings)
     checkpoint_check(s, repo)  # refuses a checkpoint the build would; renders nothing
+    bls = {}
+    for name in (C.BLS, "llmapi"):  # NVIDIA's backend declares no finish_reason: the BLS must not ask for it
+        if name in defaults:
+            bls[name] = defaults[name]
+            bls[name].parameters["engine_finish_reason"].string_value = "false"
     return {C.TENSORRT_LLM: tensorrt_llm_config(deployment, s), C.ENSEMBLE: ensemble_config(deployment, s),
-            C.POSTPROCESSING: postprocessing_config(defaults[C.POSTPROCESSING])}
+            C.POSTPROCESSING: postprocessing_config(defaults[C.POSTPROCESSING]), **bls}

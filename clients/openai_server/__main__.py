@@ -45,6 +45,10 @@ def main(argv=None) -> int:
                    default=os.environ.get("OPENAI_TOOL_CALL_PARSER") or None, help="reads tool calls out of the model's text for tool_choice auto (the chat template's family)")
     p.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
                    default=os.environ.get("OPENAI_REASONING_PARSER") or None, help="splits <think>...</think> into reasoning_content")
+    p.add_argument("--max-request-bytes", type=int, default=16 * 1024 * 1024,
+                   help="larger request bodies are refused with 413 (default 16 MiB)")
+    p.add_argument("--request-body-timeout-s", type=float, default=30.0,
+                   help="a body that stops arriving for this long is refused with 408 (default 30 s)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     try:
@@ -65,7 +69,8 @@ def main(argv=None) -> int:
                               tokenizer_dir=tokenizer_dir, served_model_name=args.served_model_name,
                               default_max_tokens=args.default_max_tokens, lora_modules=lora_modules,
                               api_key=args.api_key, tool_call_parser=args.tool_call_parser,
-                              reasoning_parser=args.reasoning_parser))
+                              reasoning_parser=args.reasoning_parser, max_request_bytes=args.max_request_bytes,
+                              request_body_timeout_s=args.request_body_timeout_s))
     auth = "API key required" if args.api_key else "no API key (open)"
     print(f"[openai_server] http://{args.host}:{args.port}/v1 -> Triton {args.triton_url} ({args.model}); {auth}",
           file=sys.stderr, flush=True)

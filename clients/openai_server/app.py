@@ -15,6 +15,8 @@ Invariants:
 - With an API key set, every ``/v1`` route needs ``Authorization: Bearer <key>`` (compared in constant time)
   and answers 401 with OpenAI's error body (code ``invalid_api_key``) otherwise, as vLLM does; the health
   routes stay open for probes. The key is never logged or echoed.
+- A client that disconnects cancels its generation, streamed or not (limits.py); bodies are bounded in size and in
+  the time they take to arrive (413 / 408).
 - ``/health`` says the server and its Triton model are up; ``/health_generate`` (trtllm-serve's idea)
   generates one token through Triton and the engine: 200, or 503 with the reason.
 """
@@ -31,15 +33,16 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from clients.openai_server.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat_logprobs, choices_usage,
                                              completion_body, completion_logprobs, new_id, sum_usage)
 from clients.openai_server.chat_answer import ChatAnswer
+from clients.openai_server.limits import BodyLimits, CancellingStream, ClientGone, unless_disconnected
 from clients.openai_server.tool_calls import PARSERS as TOOL_PARSERS, json_array, named
 from clients.openai_server.triton import TritonText
-from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams
+from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams, OutOfRange
 
 
 log = logging.getLogger("openai_server")
@@ -58,6 +61,8 @@ class Settings:
     health_generate_timeout_s: float = 30.0
     tool_call_parser: str | None = None  # tool_calls.PARSERS: tool_choice "auto" needs one
     reasoning_parser: str | None = None  # reasoning.PARSERS: reasoning_content split off
+    max_request_bytes: int = 16 * 1024 * 1024  # larger bodies: 413 (limits.BodyLimits)
+    request_body_timeout_s: float = 30.0       # a body that stops arriving this long: 408
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -89,6 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="tritonllm OpenAI-compatible API", lifespan=lifespan)
     app.state.settings, app.state.triton, app.state.tools = settings, triton, tools
+    app.add_middleware(BodyLimits, max_bytes=settings.max_request_bytes, timeout_s=settings.request_body_timeout_s)
 
     @app.middleware("http")
     async def _require_api_key(request: Request, call_next):
@@ -110,9 +116,24 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, e: RequestValidationError):
         err = e.errors()[0] if e.errors() else {}
+        if err.get("type") == "json_invalid":  # loc is ("body", character offset): not a field
+            message = f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))} " \
+                      f"(at character {err.get('loc', ('', '?'))[-1]})"
+            return JSONResponse(ApiError(400, message).body(), status_code=400)
         param = ".".join(str(p) for p in err.get("loc", ())[1:]) or None
         return JSONResponse(ApiError(400, f"{param}: {err.get('msg', 'invalid request')}", param=param).body(),
                             status_code=400)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_req: Request, _e: ClientGone):
+        return Response(status_code=499)  # nginx's "client closed request": nobody is there to read it
+
+    @app.exception_handler(OutOfRange)
+    async def _out_of_range(_req: Request, e: OutOfRange):
+        """A value that passed the schema but not the tensor it travels in (the schema's bounds come from the same
+        contract: this is the last guard, for options set by the server itself)."""
+        param = {"logit_bias_ids": "logit_bias"}.get(e.name, e.name)
+        return JSONResponse(ApiError(400, str(e), param=param).body(), status_code=400)
 
     def triton_model(name: str) -> str | None:
         """None = the configured model (resolved with fallback); else a Triton text model named directly."""
@@ -192,14 +213,15 @@ def create_app(settings: Settings) -> FastAPI:
         return {"object": "list", "data": data}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         model, prompts, n = triton_model(req.model), req.prompts(), req.n
         max_tokens = req.max_tokens or 16
         params = req.generation_params(max_tokens, req.logprobs is not None, req.extra_guide(), req.logprobs or 0)
         params.lora_task_id = settings.lora_modules.get(req.model)
         rid = new_id("cmpl")
         if not req.stream:
-            results = await asyncio.gather(*(run_to_end(p, params, model, req.timeout_us()) for p in prompts))
+            results = await unless_disconnected(request, asyncio.gather(
+                *(run_to_end(p, params, model, req.timeout_us()) for p in prompts)))
             choices = []
             for i, (prompt, outcomes) in enumerate(zip(prompts, results)):
                 head = prompt if req.echo else ""
@@ -236,7 +258,7 @@ def create_app(settings: Settings) -> FastAPI:
             if chunk.text or head:
                 yield body(j, head + chunk.text, lp, None)
 
-        return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
+        return CancellingStream(stream_events(first, chunks, events), media_type="text/event-stream")
 
     def tool_mode(req: ChatCompletionRequest) -> str | tuple[str, str] | None:
         """The request's tool mode (``ChatCompletionRequest.tool_mode``), refused when this server cannot
@@ -259,7 +281,7 @@ def create_app(settings: Settings) -> FastAPI:
         return "tool_calls" if called and reason != "length" and mode in ("auto", "required") else reason
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest):
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
         req.check_supported()
         model, n = triton_model(req.model), req.n
         mode = tool_mode(req)
@@ -270,7 +292,7 @@ def create_app(settings: Settings) -> FastAPI:
         params.lora_task_id = settings.lora_modules.get(req.model)
         rid = new_id("chatcmpl")
         if not req.stream:
-            outcomes = await run_to_end(prompt, params, model, req.timeout_us())
+            outcomes = await unless_disconnected(request, run_to_end(prompt, params, model, req.timeout_us()))
             choices = []
             for j, o in enumerate(outcomes):
                 message = new_answer(mode).message(o.text)
@@ -317,6 +339,6 @@ def create_app(settings: Settings) -> FastAPI:
                                                    chunk.top_log_probs)["content"])
             yield from deltas(j, chunk.text, False)
 
-        return StreamingResponse(stream_events(first, chunks, events), media_type="text/event-stream")
+        return CancellingStream(stream_events(first, chunks, events), media_type="text/event-stream")
 
     return app

@@ -15,6 +15,12 @@ Invariants:
 - Non-OpenAI extras accepted in the body (``extra_body`` in the SDK): top_k, min_tokens,
   repetition_penalty, priority and allotted_time_ms (TensorRT-LLM's), guided_json / guided_regex /
   guided_choice / guided_grammar (vLLM's).
+- Strict where Triton's own HTTP front is not: every integer is bounded by the tensor it travels in (the
+  contract's dtype: max_tokens and token ids int32, seed uint64; ``integer_bounds``), so nothing wraps around;
+  every string, key included, must be valid Unicode (a lone UTF-16 surrogate escape is refused naming the field);
+  tool calls of assistant turns are typed. Each is a 400 naming the field, never a 500.
+- ``response_format: json_object`` is JSON mode as OpenAI defines it: an object (the schema ``{"type":
+  "object"}``), not any JSON value (TensorRT-LLM's ``json`` guide, which raw clients still get).
 """
 from __future__ import annotations
 
@@ -22,9 +28,13 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from clients.triton_llm import C, GenerationParams
+from clients.triton_llm import C, GenerationParams, integer_bounds
+
+INT32_MAX = integer_bounds("max_tokens")[1]      # max_tokens, top_k, min_tokens, token ids: int32 tensors
+SEED_MAX = integer_bounds("seed")[1]             # uint64
+TIMEOUT_MS_MAX = (2 ** 64 - 1) // 1000           # Triton's request timeout: uint64 microseconds
 
 
 class ApiError(Exception):
@@ -43,30 +53,54 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def _check_unicode(value: Any, path: str) -> None:
+    """Raises a 400 naming the field when a string (or a key) of the request holds a lone UTF-16 surrogate, which
+    JSON's \\ud800 escapes can carry but UTF-8 cannot."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ApiError(400, f"{path or 'body'}: not valid Unicode (a lone surrogate at character {e.start})",
+                           param=path or None) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key, path)
+            _check_unicode(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_unicode(item, f"{path}.{i}")
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        _check_unicode(data, "")
+        return data
+
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=C.MAX_RETURN_SEQUENCES)  # NVIDIA's num_return_sequences
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)  # the engine's uint64 seed
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # Extras (vLLM-style), not part of OpenAI's API.
-    top_k: int | None = Field(default=None, ge=0)
-    min_tokens: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     # TensorRT-LLM's request priority ([0, 1], higher admitted first; trtllm-serve's extra) and allotted
     # time (sent as Triton's request timeout; the request then ends with the text so far).
     priority: float | None = Field(default=None, ge=0.0, le=1.0)
-    allotted_time_ms: int | None = Field(default=None, ge=1)
+    allotted_time_ms: int | None = Field(default=None, ge=1, le=TIMEOUT_MS_MAX)
     # vLLM's guided-decoding extras: the engine's guide types (json_schema, regex, choice as a regex, ebnf)
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -108,9 +142,9 @@ class _Common(BaseModel):
                 token = int(key)
             except ValueError:
                 raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
-            if token < 0 or not -100.0 <= value <= 100.0:
-                raise ApiError(400, f"logit_bias: token ids must be >= 0 and biases in [-100, 100], got "
-                                    f"{key}: {value}", param="logit_bias")
+            if not 0 <= token <= INT32_MAX or not -100.0 <= value <= 100.0:
+                raise ApiError(400, f"logit_bias: token ids must be in [0, {INT32_MAX}] and biases in [-100, 100], "
+                                    f"got {key}: {value}", param="logit_bias")
             out[token] = float(value)
         return out
 
@@ -135,7 +169,7 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(default=16, ge=1, le=INT32_MAX)  # OpenAI's default for completions
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=5)
     best_of: int | None = None
@@ -154,13 +188,28 @@ class CompletionRequest(_Common):
         return prompts
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; an object is accepted as well
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None                 # a tool turn: which call it answers
 
     def text(self) -> str:
@@ -185,7 +234,8 @@ class ChatMessage(BaseModel):
         if self.tool_calls:
             calls = []
             for call in self.tool_calls:
-                fn = dict(call.get("function") or {})
+                call = call.model_dump(exclude_none=True)
+                fn = dict(call["function"])
                 if isinstance(fn.get("arguments"), str):
                     try:
                         fn["arguments"] = json.loads(fn["arguments"])
@@ -220,8 +270,8 @@ class ResponseFormat(BaseModel):
         """(guided_decoding_guide_type, guided_decoding_guide), or None for plain text."""
         if self.type == "text":
             return None
-        if self.type == "json_object":
-            return ("json", "")
+        if self.type == "json_object":  # JSON mode: an object (TensorRT-LLM's "json" would allow any value)
+            return ("json_schema", json.dumps({"type": "object"}))
         schema = (self.json_schema or {}).get("schema")
         if schema is None:
             raise ApiError(400, "response_format json_schema needs json_schema.schema", param="response_format")
@@ -230,7 +280,7 @@ class ResponseFormat(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None

@@ -4,8 +4,9 @@ text-side helpers they need (chat template, token counting).
 Invariants:
 - ``usage`` counts are the engine's (``num_input_tokens`` / ``num_output_tokens`` from Triton) when the
   model returns them; otherwise the tokenizer's count of the prompt / generated text.
-- ``finish_reason`` is "length" when the model generated ``max_tokens`` tokens, else "stop" (EOS or a
-  stop string: the text models do not say which, and OpenAI reports both as "stop").
+- ``finish_reason`` is the engine's (passed on by the BLS): "stop" (end id or stop string), "length" (max_tokens,
+  and a request cut by its deadline, as vLLM reports a cut); through the ensemble (no reason sent) "length" when
+  the model generated ``max_tokens`` tokens, else "stop".
 - Logprobs: the engine returns one log probability per generated token but not the token strings. Token
   strings come from re-tokenizing the generated text; when that does not give as many tokens as log probs
   (a BPE merge differs, or a stop string cut the text), tokens are reported as "" rather than guessed.
@@ -90,8 +91,11 @@ class Outcome:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    engine_reason: str | None = None  # the BLS's finish_reason (the engine's, or "stop" for a stop string)
 
     def add(self, chunk) -> None:
+        if chunk.finish_reason:
+            self.engine_reason = chunk.finish_reason
         self.text += chunk.text
         self.log_probs.extend(chunk.log_probs or [])
         self.top.extend(chunk.top_log_probs or [])
@@ -109,6 +113,10 @@ class Outcome:
         return self.completion_tokens if self.completion_tokens is not None else tools.count(self.text, prompt=False)
 
     def finish_reason(self, max_tokens: int) -> str:
+        """OpenAI's: the engine's reason when the model sent one ("timeout", a request cut by allotted_time_ms, is
+        "length", as vLLM reports a cut, so a client can tell it from a natural stop), else from the counts."""
+        if self.engine_reason:
+            return {"timeout": "length", "abort": "stop"}.get(self.engine_reason, self.engine_reason)
         return "length" if (self.completion_tokens or 0) >= max_tokens else "stop"
 
 

@@ -104,7 +104,7 @@ class TritonText:
                        model: str | None = None, timeout_us: int | None = None) -> AsyncIterator[Chunk]:
         """``timeout_us``: Triton's request timeout, which the engine takes as the request's allotted time."""
         model = model or await self.resolve()
-        inputs, outputs = grpc_inputs(params, prompt, stream)
+        inputs, outputs = grpc_inputs(params, prompt, stream, model)
         sent = {i.name() for i in inputs}
         ours = [name for name in BLS_ONLY if name in sent]
         if ours and model != BLS:

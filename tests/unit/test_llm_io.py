@@ -97,7 +97,9 @@ def test_outputs_appear_only_when_asked_for():
     a = response_arrays([1, 2, 3], [-0.1, -0.2, -0.3], -0.6, 5, OutputFlags())
     assert list(a)[:2] == ["output_ids", "sequence_length"]  # first: NVIDIA's benchmark reads outputs[0]
     assert a["output_ids"].shape == (1, 1, 3) and a["sequence_length"].tolist() == [[3]]
-    assert set(a) == {"output_ids", "sequence_length", "request_key", "is_final"}
+    assert set(a) == {"output_ids", "sequence_length", "request_key", "is_final", "finish_reason"}
+    assert a["finish_reason"].tolist() == [[b""]]  # not a sequence's last response: no reason
+    assert response_arrays([4], [], 0.0, 1, OutputFlags(), finish_reason="timeout")["finish_reason"].tolist() == [[b"timeout"]]
     flags = OutputFlags(log_probs=True, num_input_tokens=True, num_output_tokens=True, perf_metrics=True)
     m = RequestMetrics(arrival_ns=10, first_scheduled_ns=11, first_token_ns=12, last_token_ns=13,
                        kv_alloc_total_blocks=4, kv_alloc_new_blocks=3, kv_reused_blocks=2, draft_tokens=8,

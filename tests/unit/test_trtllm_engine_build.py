@@ -186,9 +186,11 @@ def test_gpu_check_reports_both_profiles_for_an_architecture():
     assert ampere["trtllm_buildable_qformats"] == ["int4_awq", "int8_sq", "int8_wo", "int4_wo", "checkpoint"]
     assert not ampere["llmapi_fp8_kv_cache_ok"]
     assert hopper["profiles_rendered"] == ["ensembles/ensemble/configs/trtllm.pbtxt",
+                                           "model_repository/llmapi/configs/trtllm.pbtxt",
                                            "model_repository/postprocessing/configs/trtllm.pbtxt",
                                            "model_repository/tensorrt_llm/configs/llmapi.pbtxt",
-                                           "model_repository/tensorrt_llm/configs/trtllm.pbtxt"]
+                                           "model_repository/tensorrt_llm/configs/trtllm.pbtxt",
+                                           "model_repository/tensorrt_llm_bls/configs/trtllm.pbtxt"]
     assert hopper["tensorrt_llm"] is None  # not installable here
 
 

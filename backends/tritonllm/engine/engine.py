@@ -8,6 +8,7 @@ import dataclasses
 import random
 import threading
 import time
+from concurrent.futures import Future
 
 import torch
 
@@ -122,24 +123,34 @@ class LLMEngine:
                 if not w or any(not 0 <= t < V for t in w):
                     raise InvalidRequest(f"{name} holds an empty word or ids outside the vocabulary")
 
-    def compile_guide(self, params: SamplingParams):
-        """Compiles the request's grammar (cached); raises InvalidRequest if it does not compile.
-        Safe to call from any thread."""
+    def guide_future(self, params: SamplingParams) -> Future | None:
+        """The request's grammar compiling on the grammar thread (a done Future when cached), or None without a
+        guide; raises InvalidRequest at once for a guide refused before compiling (type, size). Any thread."""
         if params.guide is None:
             return None
         with self._grammar_lock:
             if self._grammar is None:
                 from .grammar import GrammarBackend
 
-                self._grammar = GrammarBackend(self.config.tokenizer_dir or self._model_dir,
-                                               self.spec.vocab_size)
-        return self._grammar.compile(*params.guide)
+                c = self.config
+                self._grammar = GrammarBackend(c.tokenizer_dir or self._model_dir, self.spec.vocab_size,
+                                               cache_bytes=c.guide_cache_bytes, max_guide_bytes=c.guide_max_bytes)
+        return self._grammar.compile_async(*params.guide)
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def compile_guide(self, params: SamplingParams):
+        """The request's compiled grammar (waits for it); raises InvalidRequest if it does not compile."""
+        future = self.guide_future(params)
+        return None if future is None else future.result()
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    compiled=None) -> None:
+        """``compiled``: the guide's grammar when the caller compiled it already (the runner does, off this
+        thread); else it is compiled here."""
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in flight")
         self.validate(prompt_ids, params)
-        compiled = self.compile_guide(params)
+        if compiled is None:
+            compiled = self.compile_guide(params)
         gen = torch.Generator(device=self.model.device)
         gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         req = Request(request_id, list(prompt_ids), params, self.scheduler.clock(), generator=gen)

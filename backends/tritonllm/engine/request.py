@@ -193,6 +193,7 @@ class RequestOutput:
     num_output_tokens: int = 0           # total visible generated tokens so far
     cum_logprob: float = 0.0
     error: str | None = None
+    error_code: str | None = None        # with error: INVALID_ARG (the client's to fix) or INTERNAL (ours)
     metrics: RequestMetrics | None = None  # a copy taken when this output was made
     # per new token (aligned with new_token_ids): the params.top_logprobs most likely (id, log prob),
     # descending, ties by id; empty when top_logprobs == 0

@@ -4,6 +4,12 @@ Invariants: only the runner thread touches the engine after start(); submit() va
 thread (so bad input fails at once) and is refused with QueueFull when more than
 max_num_seqs + max_queue_size requests are unfinished; every submitted request gets exactly one final
 output (finished=True), also on abort, engine error, or shutdown.
+
+Guided requests: submit() starts the guide compiling on the grammar thread (engine.guide_future) and returns;
+the request waits aside (``_compiling``) until its grammar is ready, then enters the engine, so no other request
+ever waits for a compile. One not ready ``guide_compile_timeout_s`` after submission ends with an INVALID_ARG error
+naming the guide; a guide that does not compile too. The loop sleeps until a compile finishes or a deadline
+passes (no polling).
 """
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable
 
+import time
+
+from ..errors import InvalidInput
 from .engine import LLMEngine
 from .request import QueueFull, RequestOutput, SamplingParams, admit
 
@@ -30,6 +39,7 @@ class EngineRunner:
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self.capacity = engine.config.max_num_seqs + engine.config.max_queue_size
+        self._compiling: dict[str, tuple[Future, list[int], SamplingParams, float]] = {}  # runner thread only
 
     def start(self) -> "EngineRunner":
         self._thread.start()
@@ -42,15 +52,23 @@ class EngineRunner:
         """Admits every request or none (a client's batch is one unit, as TensorRT-LLM enqueues it)."""
         for _, prompt_ids, params in requests:
             self.engine.validate(prompt_ids, params)
-            self.engine.compile_guide(params)  # a grammar that does not compile fails here, at once
+        futures = [self.engine.guide_future(params) for _, _, params in requests]  # refused guides raise here
+        deadline = time.monotonic() + self.engine.config.guide_compile_timeout_s
         with self._cv:
             if self._stop:
                 raise QueueFull("the engine is shutting down")
             admit(self._unfinished, [rid for rid, _, _ in requests], self.capacity,
                   self.engine.config.max_queue_size, self.engine.config.max_num_seqs)
-            for request_id, prompt_ids, params in requests:
+            for (request_id, prompt_ids, params), future in zip(requests, futures):
                 self._unfinished.add(request_id)
-                self._inbox.append(("add", request_id, prompt_ids, params))
+                self._inbox.append(("add", request_id, prompt_ids, params, future, deadline))
+            self._cv.notify()
+        for future in futures:
+            if future is not None and not future.done():
+                future.add_done_callback(self._wake)
+
+    def _wake(self, _future=None) -> None:
+        with self._cv:
             self._cv.notify()
 
     def abort(self, request_id: str) -> None:
@@ -100,19 +118,22 @@ class EngineRunner:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._inbox and not self.engine.has_work() and not self._stop:
-                    self._cv.wait()
+                while not self._inbox and not self.engine.has_work() and not self._stop and not self._ready():
+                    self._cv.wait(self._next_deadline())
                 cmds = list(self._inbox)
                 self._inbox.clear()
-                if self._stop and not cmds and not self.engine.has_work():
+                if self._stop and not cmds and not self.engine.has_work() and not self._compiling:
                     return
             for cmd in cmds:
                 if cmd[0] == "exit":
                     for left in cmds:
                         if left[0] == "call":
                             left[2].cancel()
+                    for rid in list(self._compiling):
+                        self._emit(self._end_compiling(rid, "abort"))
                     return
                 self._apply(cmd)
+            self._admit_compiled()
             if not self.engine.has_work():
                 continue
             try:
@@ -123,14 +144,49 @@ class EngineRunner:
             for out in outputs:
                 self._emit(out)
 
+    # Guided requests wait here, out of the engine, while their grammar compiles.
+    def _ready(self) -> bool:
+        now = time.monotonic()
+        return any(f.done() or now >= deadline for f, _, _, deadline in self._compiling.values())
+
+    def _next_deadline(self) -> float | None:
+        if not self._compiling:
+            return None
+        return max(0.0, min(d for _, _, _, d in self._compiling.values()) - time.monotonic())
+
+    def _end_compiling(self, rid: str, reason: str, error: str | None = None) -> RequestOutput:
+        del self._compiling[rid]
+        return RequestOutput(rid, [], [], True, reason, error=error, error_code="INVALID_ARG" if error else None)
+
+    def _admit_compiled(self) -> None:
+        now = time.monotonic()
+        for rid, (future, prompt, params, deadline) in list(self._compiling.items()):
+            if future.done():
+                del self._compiling[rid]
+                self._add(rid, prompt, params, future)
+            elif now >= deadline:
+                self._emit(self._end_compiling(rid, "error", (
+                    f"guided_decoding_guide did not compile within {self.engine.config.guide_compile_timeout_s:g} s "
+                    "(guided_decoding_compile_timeout_s): simplify it (fewer properties, alternatives, nesting)")))
+
+    def _add(self, rid: str, prompt: list[int], params: SamplingParams, future: Future | None) -> None:
+        try:
+            self.engine.add_request(rid, prompt, params, compiled=None if future is None else future.result())
+        except Exception as e:
+            code = "INVALID_ARG" if isinstance(e, InvalidInput) else "INTERNAL"
+            self._emit(RequestOutput(rid, [], [], True, "error", error=str(e), error_code=code))
+
     def _apply(self, cmd) -> None:
         if cmd[0] == "add":
-            _, rid, prompt, params = cmd
-            try:
-                self.engine.add_request(rid, prompt, params)
-            except Exception as e:
-                self._emit(RequestOutput(rid, [], [], True, "error", error=str(e)))
+            _, rid, prompt, params, future, deadline = cmd
+            if future is not None and not future.done():
+                self._compiling[rid] = (future, prompt, params, deadline)
+            else:
+                self._add(rid, prompt, params, future)
         elif cmd[0] == "abort":
+            if cmd[1] in self._compiling:
+                self._emit(self._end_compiling(cmd[1], "abort"))
+                return
             out = self.engine.abort(cmd[1])
             if out is not None:
                 self._emit(out)
@@ -144,4 +200,4 @@ class EngineRunner:
 
     def _fail(self, rid: str, msg: str) -> RequestOutput:
         self.engine.abort(rid)
-        return RequestOutput(rid, [], [], True, "error", error=msg)
+        return RequestOutput(rid, [], [], True, "error", error=msg, error_code="INTERNAL")

@@ -177,7 +177,7 @@ class LLMTritonModel:
         pb = self.pb_utils
         flags = self.final_flag if reply.final else 0
         if reply.error is not None:
-            code = pb.TritonError.CANCELLED if reply.code == CANCELLED else pb.TritonError.INTERNAL
+            code = getattr(pb.TritonError, reply.code or "INTERNAL", pb.TritonError.INTERNAL)  # CANCELLED, INVALID_ARG, ...
             response = error_response(pb, reply.error, code)
         else:
             response = pb.InferenceResponse(output_tensors=[

@@ -190,9 +190,11 @@ def needs_decoupled(req: BlsRequest) -> str | None:
     return None
 
 
-def llm_outputs(req: BlsRequest) -> list[str]:
-    """The tensorrt_llm outputs to ask for: NVIDIA's, plus ours only when the client wants them."""
-    return [*LLM_OUTPUTS, *(TOP_OUTPUTS if req.top_logprobs > 0 else ())]
+def llm_outputs(req: BlsRequest, finish_reason: bool = True) -> list[str]:
+    """The tensorrt_llm outputs to ask for: NVIDIA's, plus ours only when the client wants them, and the engine's
+    finish_reason unless the slot is NVIDIA's backend (which declares none: the BLS parameter
+    ``engine_finish_reason: false`` of the GPU profile)."""
+    return [*LLM_OUTPUTS, *(TOP_OUTPUTS if req.top_logprobs > 0 else ()), *(("finish_reason",) if finish_reason else ())]
 
 
 def inner_timeout_us(timeout_us: int, elapsed_s: float) -> int:

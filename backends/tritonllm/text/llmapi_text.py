@@ -10,7 +10,8 @@ Semantics, as NVIDIA's ``llmapi/tensorrt_llm/1/model.py`` gives them (read from 
   (not a delta), with the prompt in front unless ``sampling_param_exclude_input_from_output`` is true
   (default false). Ours: the prompt's decoded ids, then the exact generated text (stop strings cut
   unless ``include_stop_words``).
-- ``finish_reason``: "length" when max_tokens were generated, "stop" for EOS or a stop string,
+- ``finish_reason``: "length" when max_tokens were generated, "stop" for EOS or a stop string, "timeout" when the
+  request's deadline ended it, "cancelled" when it was stopped (the engine's own reason, TensorRT-LLM's words),
   "None" while unfinished; ``stop_reason``: the stop string that ended it, else "None";
   ``cumulative_logprob``: the generated tokens' summed log probability (NVIDIA's model cannot ask for
   log probs and sends "None"; we ask the engine when it is requested).
@@ -157,8 +158,14 @@ class LlmapiGeneration:
         return LlmapiChunk(self._response(finished=True))
 
     def _finish_reason(self) -> tuple[str, str]:
+        """TensorRT-LLM's CompletionOutput.finish_reason: the engine's when it sent one ("timeout" for a request
+        deadline, "cancelled" for an abort), else from the counts."""
         if self._gen.stopped:
             return "stop", self._gen.matched or "None"
+        engine = self._latest.get("finish_reason")
+        engine = np.asarray(engine).reshape(-1)[0].decode() if engine is not None else ""
+        if engine:
+            return {"abort": "cancelled"}.get(engine, engine), "None"
         return ("length" if self._gen.num_tokens >= self._req.max_tokens else "stop"), "None"
 
     def _response(self, finished: bool) -> dict[str, np.ndarray]:

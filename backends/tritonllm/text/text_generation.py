@@ -102,6 +102,7 @@ class TextGeneration:
         self._batch_index = req.batch_index
         self._sequence_index = sequence_index
         self._text: list[str] = []  # non-streamed: everything so far
+        self._reason = ""  # the engine's finish_reason, when its last response says
         self._prompt_len = 0
         if prompt and not req.exclude_input and not req.stream:
             self._text.append(self._detok.add(prompt))
@@ -125,6 +126,9 @@ class TextGeneration:
             ids = ids[: int(np.asarray(arrays["sequence_length"]).reshape(-1)[0])]
         self.num_tokens += len(ids)
         self._pass.add(arrays)
+        if arrays.get("finish_reason") is not None:
+            reason = np.asarray(arrays["finish_reason"]).reshape(-1)[0]
+            self._reason = (reason.decode() if isinstance(reason, bytes) else str(reason)) or self._reason
         text, stopped = self._stops.feed(self._detok.add(ids.tolist()))
         if self._stream and not stopped:
             return self._chunk(text) if text else None
@@ -132,7 +136,8 @@ class TextGeneration:
         return None
 
     def finish(self) -> Chunk:
-        """The final chunk: flushes held-back text (unless stopped). Call once."""
+        """The final chunk: flushes held-back text (unless stopped). Call once. It carries ``finish_reason``:
+        "stop" when a stop string ended the text here, else the engine's (none when the engine sent none)."""
         self.finished = True
         if not self.stopped:
             tail = self._detok.finish()
@@ -143,7 +148,11 @@ class TextGeneration:
         self._text.append(text)
         if self._prompt_len:
             self._pass.count_prompt(self._prompt_len)
-        return self._chunk("".join(self._text))
+        chunk = self._chunk("".join(self._text))
+        reason = "stop" if self.stopped else self._reason
+        if reason:
+            chunk.outputs["finish_reason"] = np.array([[reason.encode()]], dtype=object)
+        return chunk
 
     def _chunk(self, text: str) -> Chunk:
         return Chunk(text, self._pass.take(), self._batch_index, self._sequence_index)
