@@ -156,6 +156,10 @@ def witness(triton_server):
     tensors = _txt("Once upon a time", 96)
     ref_chunks, err = stream_request(triton_server.grpc_url, BLS, tensors)
     assert err is None, err
+    # guided decoding's compile thread starts with the first guide: started here, so the count below is stable
+    guided = {**_txt("Say yes", 4), "guided_decoding_guide_type": np.array([[b"regex"]], dtype=object),
+              "guided_decoding_guide": np.array([[b"(yes|no)"]], dtype=object)}
+    assert stream_request(triton_server.grpc_url, BLS, guided)[1] is None
     wait_idle(triton_server.metrics_url)
     before = server_footprint(triton_server.process.pid)
     box: dict = {"texts": [], "errors": []}
