@@ -31,7 +31,7 @@ from bench_model import BENCH_CONFIG, build_bench_model  # noqa: E402
 from tritonllm.engine import cpu_kernels  # noqa: E402
 from tritonllm.engine.config import EngineConfig  # noqa: E402
 from tritonllm.engine.engine import LLMEngine  # noqa: E402
-from tritonllm.engine.fp8 import linear as onednn_linear  # noqa: E402
+from tritonllm.engine.linear import linear as onednn_linear  # noqa: E402
 from tritonllm.engine.quant import Int4Weight, Int8Weight  # noqa: E402
 from tritonllm.engine.request import SamplingParams  # noqa: E402
 

@@ -15,7 +15,7 @@ from their source, not run here):
 - accepted and ignored, as NVIDIA's backend ignores them in this configuration: ``IGNORED_INPUTS`` (each
   with its reason); every other declared input changes the request or is refused (a unit test sends each
   one);
-- ``num_return_sequences`` n: n engine requests of the row (``llm_jobs.sequence_params``: seeds seed + i,
+- ``num_return_sequences`` n: n engine requests of the row (``lifecycle.sequence_params``: seeds seed + i,
   prompt KV shared), each answering with ``sequence_index`` (only when n > 1); decoupled models only;
 - ``embedding_bias`` (dense, added to the logits), ``top_logprobs`` / ``priority`` (ours) and the
   request's Triton timeout (the engine's allotted time: the request ends normally, tokens so far) go to
@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from . import contract as C
-from .engine.knobs import KNOBS, SPECULATIVE_MODES
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
 # SamplingParams field <- tensorrt_llm scalar input, conversion: one row each (an input not sent keeps the
@@ -355,20 +354,3 @@ def stack_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
                      for p in parts]
         out[name] = np.concatenate(parts, axis=0)
     return out
-
-
-# prompt_lookup: n-gram drafts; draft_model (TensorRT-LLM: draft_tokens_external): the checkpoint in the
-# `draft_model_path` parameter drafts (the adapter resolves that path).
-DRAFT_MODEL_MODES = SPECULATIVE_MODES[1:]
-
-
-def engine_config_from_parameters(p: dict[str, str]):
-    """config.pbtxt parameters -> (EngineConfig, exclude_input_in_output), every knob parsed and checked by
-    its row of ``engine.knobs.KNOBS`` (ValueError naming the parameter)."""
-    from .engine.config import EngineConfig
-
-    values = {knob.param: knob.parse(p.get(knob.param)) for knob in KNOBS}
-    fields = {knob.field: values[knob.param] for knob in KNOBS if knob.field}
-    if values["speculative_decoding_mode"] not in SPECULATIVE_MODES:
-        fields["max_draft_len"] = 0
-    return EngineConfig(**fields), values["exclude_input_in_output"]

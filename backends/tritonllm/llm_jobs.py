@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .engine.request import RequestOutput, SamplingParams
+from .lifecycle import Sequences
 from .llm_io import ParsedBatch, ParsedRequest, response_arrays, stack_rows
 
 INTERNAL, CANCELLED = "INTERNAL", "CANCELLED"
@@ -118,18 +118,6 @@ def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
     return list(merged.values())
 
 
-def sequence_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """The engine params of each of ``n`` sequences of one prompt (num_return_sequences). As TensorRT-LLM
-    seeds child requests (``llmRequest.cpp``, createChildRequest): sequence i samples with seed + i; an
-    unseeded request gets a random base seed (TensorRT-LLM's default base is 0: every unseeded request
-    would repeat the same samples, unlike OpenAI's n). The 2nd..nth wait for the first to compute the
-    prompt and reuse its KV blocks (``prefill_after``; prefix caching on)."""
-    if n == 1:
-        return [params]
-    base = params.seed if params.seed is not None else random.getrandbits(62)
-    return [dataclasses.replace(params, seed=(base + i) % 2**64) for i in range(n)]
-
-
 class Jobs:
     def __init__(self, stream_interval: int = 1) -> None:
         self.stream_interval = stream_interval
@@ -144,14 +132,9 @@ class Jobs:
         caller asked for; replies carry only those (an ensemble step asks for the ones it maps)."""
         job = Job(sender, triton_id, decoupled, batch_size=len(batch.rows), outputs=outputs)
         with self._lock:
-            for i, parsed in enumerate(batch.rows):
-                first = None
-                for seq, params in enumerate(sequence_params(parsed.params, parsed.num_sequences)):
-                    rid = str(next(self._ids))
-                    if first is None:
-                        first = rid
-                    else:
-                        params.prefill_after = first
+            for i, parsed in enumerate(batch.rows):  # each row: its sequences (lifecycle: seeds, shared prompt)
+                seqs = Sequences.of(parsed.params, parsed.num_sequences, lambda: str(next(self._ids)))
+                for seq, (rid, params) in enumerate(zip(seqs.ids, seqs.params)):
                     job.rows.append(Row(job, i, rid, parsed, params, seq,
                                         detok=detokenizer() if detokenizer else None))
             job.pending = len(job.rows)

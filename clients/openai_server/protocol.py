@@ -25,7 +25,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -108,22 +107,17 @@ class _Common(BaseModel):
     guided_grammar: str | None = None
 
     def extra_guide(self) -> tuple[str, str] | None:
-        """(guided_decoding_guide_type, guide) from the guided_* extras; at most one may be given."""
-        given = [(k, v) for k, v in (("guided_json", self.guided_json), ("guided_regex", self.guided_regex),
-                                     ("guided_choice", self.guided_choice), ("guided_grammar", self.guided_grammar))
-                 if v is not None]
-        if len(given) > 1:
-            raise ApiError(400, f"give one of {[k for k, _ in given]}", param=given[1][0])
-        if not given:
-            return None
-        name, value = given[0]
-        if name == "guided_json":
-            return ("json_schema", value if isinstance(value, str) else json.dumps(value))
-        if name == "guided_choice":
-            if not value:
-                raise ApiError(400, "guided_choice needs at least one choice", param=name)
-            return ("regex", "|".join(re.escape(c) for c in value))
-        return ("regex" if name == "guided_regex" else "ebnf_grammar", value)
+        """(guided_decoding_guide_type, guide) from the guided_* extras (vLLM's; the engine's own conversion,
+        which Dynamo's worker uses too); at most one may be given."""
+        from tritonllm.guides import vllm_guide
+        from tritonllm.errors import InvalidInput
+
+        given = {k: getattr(self, f"guided_{k}") for k in ("json", "regex", "choice", "grammar")}
+        try:
+            return vllm_guide(**given)
+        except InvalidInput as e:
+            field = next((f"guided_{k}" for k, v in reversed(given.items()) if v is not None), None)
+            raise ApiError(400, str(e), param=field) from None
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)

@@ -55,8 +55,52 @@ def test_greedy_text_equals_make_serves_streamed_and_not(cluster, triton_server)
 
 
 def test_unsupported_options_are_refused_by_name(cluster):
-    out = cluster.completion(_prompt_ids(), 4, n=2)
-    assert out.get("status") == 400 and "n=2" in json.dumps(out), out
+    out = cluster.completion(_prompt_ids(), 4, n=17)
+    assert out.get("status") in (400, 422) and "n" in json.dumps(out), out
+    out = cluster.completion(_prompt_ids(), 4, use_beam_search=True)
+    assert out.get("status") == 400 and "use_beam_search" in json.dumps(out), out
+
+
+def test_n_sequences_are_tritons(cluster, triton_server):
+    """n > 1 as make serve serves num_return_sequences (lifecycle.Sequences on both fronts): sequence i samples
+    with seed + i, so the same seeded request gives Triton's texts, choice by choice."""
+    ids = _prompt_ids()
+    kw = dict(max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
+    out = cluster.client.completions.create(model=cluster.model, prompt=ids, n=3, **kw)
+    texts = {c.index: c.text for c in out.choices}
+    assert sorted(texts) == [0, 1, 2] and len(set(texts.values())) > 1, texts  # sampled: they differ
+    tensors = text_tensors(PROMPT, 12, num_return_sequences=np.array([[3]], np.int32),
+                           temperature=np.array([[1.0]], np.float32), top_p=np.array([[0.9]], np.float32),
+                           seed=np.array([[7]], np.uint64), stream=np.array([[False]]))
+    chunks, err = stream_request(triton_server.grpc_url, "tensorrt_llm_bls", tensors)
+    assert err is None, err
+    want = {int(c["sequence_index"].reshape(-1)[0]): c["text_output"].reshape(-1)[0].decode() for c in chunks
+            if "text_output" in c}
+    assert texts == want
+    assert out.usage.completion_tokens == 36 and out.usage.prompt_tokens == len(ids)  # the prompt counted once
+    # Dynamo 1.6.1's frontend ends the response at the first finish_reason it reads, whatever the choice: the worker
+    # sends every choice's tokens before any finish, so no text is lost, and exactly one choice reports its end.
+    assert sorted(map(str, [c.finish_reason for c in out.choices])) == ["None", "None", "length"]
+    streamed = {}
+    for chunk in cluster.client.completions.create(model=cluster.model, prompt=ids, n=3, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.text or "")
+    assert streamed == want
+
+
+def test_guided_decoding_is_tritons(cluster, triton_server):
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+              "required": ["answer"], "additionalProperties": False}
+    out = cluster.client.completions.create(model=cluster.model, prompt=_prompt_ids(), max_tokens=20, temperature=0,
+                                            extra_body={"guided_json": schema})
+    assert json.loads(out.choices[0].text)["answer"] in ("yes", "no")
+    tensors = text_tensors(PROMPT, 20, guided_decoding_guide_type=np.array([[b"json_schema"]], dtype=object),
+                           guided_decoding_guide=np.array([[json.dumps(schema).encode()]], dtype=object))
+    chunks, err = stream_request(triton_server.grpc_url, "tensorrt_llm_bls", tensors)
+    assert err is None and chunks[-1]["text_output"][0].decode() == out.choices[0].text
+    regex = cluster.client.completions.create(model=cluster.model, prompt=_prompt_ids(), max_tokens=8, temperature=0,
+                                              extra_body={"guided_regex": "(red|green|blue)!"})
+    assert regex.choices[0].text in ("red!", "green!", "blue!")
 
 
 def test_top_logprobs_through_dynamos_frontend(cluster):

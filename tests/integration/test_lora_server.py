@@ -6,6 +6,9 @@ model's, reaches the engine through the ensemble and the BLS, and mixes with bas
 Unknown ids and in-request LoRA weights are INVALID_ARG naming the input."""
 from __future__ import annotations
 
+import re
+import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from test_engine_server import Stream, _ids_request
+from robustness_helpers import wait_idle
 from test_llm_pipeline import generate, http_post
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,12 +50,12 @@ def expected():
     return prompt, out
 
 
-def _llm(server, prompt, lora=None, **extra):
+def _llm(server, prompt, lora=None, tokens=N, **extra):
     s = Stream(server.grpc_url)
     try:
         if lora is not None:
             extra["lora_task_id"] = np.array([[lora]], np.uint64)
-        chunks, err = s.run("tensorrt_llm", _ids_request(prompt, N, **extra))
+        chunks, err = s.run("tensorrt_llm", _ids_request(prompt, tokens, **extra))
         return [int(t) for c in chunks for t in c["output_ids"].reshape(-1)], err
     finally:
         s.close()
@@ -65,13 +69,28 @@ def test_adapter_and_base_through_tensorrt_llm(toy_server, expected):
         assert ids == want[tid], f"lora_task_id {tid}"
 
 
+def _iterations(server) -> float:
+    """The engine's step count (NVIDIA's iteration_counter gauge), once the model is idle and the gauge current."""
+    wait_idle(server.metrics_url)
+    time.sleep(0.5)  # the gauge is refreshed every stats_check_period_ms
+    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
+    return float(re.search(r'^nv_trt_llm_general_metrics\{[^}]*general_type="iteration_counter"[^}]*'
+                           r'model="tensorrt_llm"[^}]*\} (\S+)$', text, re.M).group(1))
+
+
 def test_mixed_adapters_in_one_batch(toy_server, expected):
+    """Base and adapter requests at once: each gets its own greedy tokens, and they shared engine steps. Six
+    requests of ``long`` tokens each, three per adapter, took fewer than 1.5 x ``long`` steps; steps that served
+    one adapter at a time would have needed at least 2 x ``long`` (each group decodes ``long`` tokens)."""
     prompt, want = expected
-    tids = [None, 1, 1, None, 1, None]
+    tids, long = [None, 1, 1, None, 1, None], 96
+    before = _iterations(toy_server)
     with ThreadPoolExecutor(len(tids)) as pool:
-        results = list(pool.map(lambda t: _llm(toy_server, prompt, t), tids))
+        results = list(pool.map(lambda t: _llm(toy_server, prompt, t, tokens=long), tids))
+    steps = _iterations(toy_server) - before
     for tid, (ids, err) in zip(tids, results):
-        assert err is None and ids == want[tid], f"lora_task_id {tid}: {err}"
+        assert err is None and len(ids) == long and ids[:N] == want[tid], f"lora_task_id {tid}: {err}"
+    assert long <= steps < 1.5 * long, steps
 
 
 def test_adapter_through_ensemble_and_bls(toy_server, expected):

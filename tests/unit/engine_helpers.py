@@ -116,3 +116,14 @@ def last_logits(engine, prompt: list[int]) -> torch.Tensor:
     finally:
         engine.model.forward = forward
     return seen[0][-1]
+
+
+def byte_level_model(path):
+    """A llama checkpoint in ``path`` over the byte-level test tokenizer, saved beside it (guided decoding needs the
+    model's own tokenizer); returns the tokenizer."""
+    from text_helpers import byte_level
+
+    tok = byte_level()
+    tok.save_pretrained(str(path))
+    make_checkpoint(path, "llama", vocab_size=len(tok))
+    return tok

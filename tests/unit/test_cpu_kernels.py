@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from tritonllm.engine import cpu_kernels
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.fp8 import linear as onednn_linear
+from tritonllm.engine.linear import linear as onednn_linear
 from tritonllm.engine.model import rotate_half
 from tritonllm.engine.request import SamplingParams
 

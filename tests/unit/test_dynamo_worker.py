@@ -7,6 +7,7 @@ import pytest
 from tritonllm.dynamo import launch
 from tritonllm.dynamo.engine import fold64, parse_args, request_params
 from tritonllm.engine.kv_cache import BlockPool, block_hash
+from tritonllm.engine.kv_manager import KVCacheManager
 from tritonllm.engine.request import InvalidRequest
 
 
@@ -24,8 +25,9 @@ def test_options_map_onto_the_engine_and_neutral_values_pass():
 
 
 @pytest.mark.parametrize("request_, name", [
-    ({"sampling_options": {"n": 2}}, "n=2"),
     ({"sampling_options": {"use_beam_search": True}}, "use_beam_search"),
+    ({"sampling_options": {"guided_decoding": {"structural_tag": "x"}}}, "structural_tag"),
+    ({"sampling_options": {"guided_decoding": {"json": {}, "regex": "a"}}}, "one guided decoding field"),
     ({"sampling_options": {"min_p": 0.1}}, "min_p"),
     ({"stop_conditions": {"max_thinking_tokens": 5}}, "max_thinking_tokens"),
     ({"output_options": {"prompt_logprobs": 2}}, "prompt_logprobs"),
@@ -46,7 +48,7 @@ def test_block_hashes_fold_to_signed_64_bits():
 def test_the_pool_reports_stored_blocks_with_their_tokens_and_parent_and_removes_reused_ones():
     events = []
     pool = BlockPool(2)
-    pool.listener = events.append
+    KVCacheManager(pool, 2).subscribe(events.append)  # what the worker's engine.subscribe_kv_events does
     a, b = pool.allocate(2)
     h1 = block_hash(None, [1, 2])
     h2 = block_hash(h1, [3, 4])
@@ -85,3 +87,16 @@ def test_launch_commands_with_prefill_workers_and_the_worker_roles():
     assert args.disaggregation_mode == "prefill" and args.component is None  # from_args picks "prefill"
     with pytest.raises(SystemExit):
         parse_args(["--disaggregation-mode", "encode"])  # not a role this engine takes
+
+
+def test_n_and_guided_decoding_map_as_triton_serves_them():
+    from tritonllm.dynamo.engine import request_params, sequence_count
+
+    assert sequence_count({"sampling_options": {"n": 3}}) == 3 and sequence_count({}) == 1
+    with pytest.raises(InvalidRequest, match=r"n must be an integer in \[1, 16\]"):
+        sequence_count({"sampling_options": {"n": 17}})
+    for guided, want in (({"json": {"type": "object"}}, ("json_schema", '{"type": "object"}')),
+                         ({"regex": "[ab]+", "backend": "xgrammar"}, ("regex", "[ab]+")),
+                         ({"choice": ["yes", "no."]}, ("regex", "yes|no\\.")),
+                         ({"grammar": 'root ::= "a"'}, ("ebnf_grammar", 'root ::= "a"'))):
+        assert request_params({"sampling_options": {"guided_decoding": guided}}).guide == want, guided

@@ -5,7 +5,8 @@ import torch
 
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.fp8 import FP8Weight, load, store
+from tritonllm.engine.fp8 import FP8Weight
+from tritonllm.engine.kv_quant import load, store
 from tritonllm.engine.request import SamplingParams
 
 from engine_helpers import make_checkpoint, random_prompts, run_staggered
@@ -54,7 +55,8 @@ def test_scaled_fp8_matmul_matches_dequant_within_fp8_error():
     """The Hopper path (activations quantized per token, torch._scaled_mm with row-wise scales), run on
     torch's CPU kernel: within FP8 rounding of the full-precision product; bias added; falls back to
     dequantizing on shapes the kernel refuses."""
-    from tritonllm.engine.fp8 import linear, scaled_linear, wants_scaled_mm
+    from tritonllm.engine.fp8 import scaled_linear, wants_scaled_mm
+    from tritonllm.engine.linear import linear
 
     torch.manual_seed(0)
     w = torch.randn(48, 64) * torch.logspace(-2, 0, 48)[:, None]

@@ -9,16 +9,13 @@ from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.request import InvalidRequest, SamplingParams
 
-from engine_helpers import make_checkpoint, run_staggered
-from text_helpers import byte_level
+from engine_helpers import byte_level_model, run_staggered
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     path = tmp_path_factory.mktemp("guided")
-    tok = byte_level()
-    tok.save_pretrained(str(path))
-    make_checkpoint(path, "llama", vocab_size=len(tok))
+    tok = byte_level_model(path)
     engine = LLMEngine(str(path), EngineConfig(block_size=4, max_kv_tokens=4096, max_num_tokens=64,
                                                max_draft_len=3))
     return engine, tok

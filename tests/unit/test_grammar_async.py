@@ -15,7 +15,7 @@ from tritonllm.engine.grammar import GrammarBackend
 from tritonllm.engine.request import InvalidRequest, SamplingParams
 from tritonllm.engine.runner import EngineRunner
 
-from engine_helpers import make_checkpoint
+from engine_helpers import byte_level_model
 from text_helpers import byte_level
 
 SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
@@ -25,9 +25,7 @@ SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("guided-async")
-    tok = byte_level()
-    tok.save_pretrained(str(path))
-    make_checkpoint(path, "llama", vocab_size=len(tok))
+    byte_level_model(path)
     return str(path)
 
 

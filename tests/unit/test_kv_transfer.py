@@ -6,7 +6,7 @@ import torch
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.kv_cache import prefix_hashes
-from tritonllm.engine.kv_transfer import KVPrefix, export_prefix, import_prefix
+from tritonllm.engine.kv_transfer import KVPrefix
 from tritonllm.engine.request import SamplingParams
 from tritonllm.engine.runner import EngineRunner
 
@@ -45,10 +45,10 @@ def test_prefix_hashes_stop_before_the_last_token():
 def test_prefill_then_decode_on_another_engine_matches_hf(ckpt):
     prefill, decode = _engine(ckpt), _engine(ckpt)
     first = _finish(prefill, "p", PROMPT, 1)            # what a prefill worker runs: max_tokens 1
-    kv = export_prefix(prefill.pool, prefill.kv, PROMPT)
+    kv = prefill.export_prefix(PROMPT)
     assert kv.num_blocks == 3 and tuple(kv.data.shape[:3]) == (prefill.spec.num_layers, 2, 12)
     free = decode.pool.num_free
-    assert import_prefix(decode.pool, decode.kv, PROMPT, kv) == 3
+    assert decode.import_prefix(PROMPT, kv) == 3
     assert decode.pool.num_free == free and decode.pool.num_cached == 3
     assert [decode.pool.ref_count(b) for b in range(3)] == [0, 0, 0]
     out = _finish(decode, "d", PROMPT, 6)
@@ -56,32 +56,32 @@ def test_prefill_then_decode_on_another_engine_matches_hf(ckpt):
     assert decode.scheduler.reused_blocks == 3          # the imported blocks were used, not recomputed
     assert decode.pool.num_free == decode.pool.num_blocks
     # The imported KV is bit-identical to what the decode engine computes for itself.
-    again = export_prefix(decode.pool, decode.kv, PROMPT)
+    again = decode.export_prefix(PROMPT)
     assert again.hashes == kv.hashes and torch.equal(again.data, kv.data)
 
 
 def test_import_keeps_cached_blocks_and_refuses_foreign_chains(ckpt):
     src, dst = _engine(ckpt), _engine(ckpt)
     _finish(src, "p", PROMPT, 1)
-    kv = export_prefix(src.pool, src.kv, PROMPT)
-    assert import_prefix(dst.pool, dst.kv, PROMPT, kv) == 3
-    assert import_prefix(dst.pool, dst.kv, PROMPT, kv) == 0           # already cached: nothing rewritten
+    kv = src.export_prefix(PROMPT)
+    assert dst.import_prefix(PROMPT, kv) == 3
+    assert dst.import_prefix(PROMPT, kv) == 0           # already cached: nothing rewritten
     other = [99] + PROMPT[1:]
-    assert import_prefix(dst.pool, dst.kv, other, kv) == 0            # not this prompt's chain
+    assert dst.import_prefix(other, kv) == 0            # not this prompt's chain
     with pytest.raises(ValueError, match="does not match"):
-        import_prefix(dst.pool, dst.kv, PROMPT, KVPrefix(kv.hashes, kv.data[:, :, :4]))
+        dst.import_prefix(PROMPT, KVPrefix(kv.hashes, kv.data[:, :, :4]))
 
 
 def test_import_stops_when_no_block_is_free(ckpt):
     src, dst = _engine(ckpt), _engine(ckpt, max_kv_tokens=8)          # two blocks in all
     _finish(src, "p", PROMPT, 1)
-    assert import_prefix(dst.pool, dst.kv, PROMPT, export_prefix(src.pool, src.kv, PROMPT)) == 2
+    assert dst.import_prefix(PROMPT, src.export_prefix(PROMPT)) == 2
     assert dst.pool.num_free == 2
 
 
 def test_export_of_an_uncached_prompt_is_empty(ckpt):
     eng = _engine(ckpt)
-    kv = export_prefix(eng.pool, eng.kv, PROMPT)
+    kv = eng.export_prefix(PROMPT)
     assert kv.num_blocks == 0 and kv.data.shape[2] == 0
 
 
@@ -106,9 +106,9 @@ def test_runner_call_runs_on_the_engine_thread_in_order(ckpt):
 def test_an_int8_kv_cache_moves_with_its_scales(ckpt):
     prefill, decode, alone = (_engine(ckpt, kv_cache_dtype="int8") for _ in range(3))
     _finish(prefill, "p", PROMPT, 1)
-    kv = export_prefix(prefill.pool, prefill.kv, PROMPT)
+    kv = prefill.export_prefix(PROMPT)
     assert kv.data.dtype == torch.int8 and kv.data.shape[-1] == prefill.spec.head_dim + 4
-    assert import_prefix(decode.pool, decode.kv, PROMPT, kv) == 3
+    assert decode.import_prefix(PROMPT, kv) == 3
     assert _finish(decode, "d", PROMPT, 6) == _finish(alone, "a", PROMPT, 6)
     with pytest.raises(ValueError, match="does not match"):  # an fp32 engine refuses int8 KV
-        import_prefix(_engine(ckpt).pool, _engine(ckpt).kv, PROMPT, kv)
+        _engine(ckpt).import_prefix(PROMPT, kv)

@@ -1,10 +1,13 @@
 """The tensorrt_llm tensor contract parsing and response arrays (no server)."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from tritonllm import contract as C
 from tritonllm.engine.request import InvalidRequest, RequestMetrics
-from tritonllm.llm_io import (OutputFlags, decode_word_list, engine_config_from_parameters, parse_request,
+from tritonllm.engine.config import engine_config_from_parameters
+from tritonllm.llm_io import (OutputFlags, decode_word_list, parse_request,
                               response_arrays, stack_rows, wants_ensemble_names)
 
 
@@ -205,3 +208,29 @@ def test_engine_field_names_become_tensor_names_but_quoted_client_text_stays():
     schema_error = 'guided_decoding_guide does not compile as json_schema: unknown key "max_tokens" in guide'
     assert in_tensor_names(schema_error) == schema_error
     assert in_tensor_names("runtime_top_p must be in [0, 1]") == "runtime_top_p must be in [0, 1]"
+
+
+def test_every_mode_that_drafts_from_a_model_resolves_the_draft_checkpoint():
+    """One rule for Triton and Dynamo (engine.config): TensorRT-LLM's draft_tokens_external drafts from the
+    draft_model_path checkpoint as draft_model does (Dynamo used to resolve it for draft_model only, so under
+    Dynamo draft_tokens_external silently ran prompt lookup)."""
+    resolve = lambda name, value: f"/resolved/{name}/{value}"  # noqa: E731
+    for mode, want in (("draft_model", "/resolved/draft_model_path/small"),
+                       ("draft_tokens_external", "/resolved/draft_model_path/small"),
+                       ("prompt_lookup", None), ("none", None)):
+        cfg, _ = engine_config_from_parameters({"speculative_decoding_mode": mode, "max_draft_len": "4",
+                                                "draft_model_path": "small"}, resolve)
+        assert cfg.draft_model_path == want, mode
+
+
+def test_dynamo_resolves_the_draft_checkpoint_for_every_drafting_mode(tmp_path):
+    import yaml
+
+    from tritonllm.dynamo.settings import engine_settings
+
+    dep = yaml.safe_load(open(Path(__file__).resolve().parents[2] / "deployment.yaml"))
+    dep["models"]["tensorrt_llm"]["parameters"].update(speculative_decoding_mode="draft_tokens_external",
+                                                       max_draft_len=3, draft_model_path="build/models/small")
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(dep))
+    _, _, cfg = engine_settings(str(tmp_path / "d.yaml"), None)
+    assert cfg.draft_model_path and cfg.draft_model_path.endswith("build/models/small") and cfg.max_draft_len == 3

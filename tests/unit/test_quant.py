@@ -251,7 +251,7 @@ def test_engine_fp8_native_path_is_the_dequantized_float_path(ckpt):
 
 
 def test_int8_kv_rows_keep_their_own_scale():
-    from tritonllm.engine.fp8 import load, store
+    from tritonllm.engine.kv_quant import load, store
     from tritonllm.engine.kv_cache import kv_layout
 
     dtype, width = kv_layout("int8", torch.float32, 16)

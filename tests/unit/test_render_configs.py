@@ -281,7 +281,7 @@ def test_the_knob_table_is_the_one_definition():
 
     from tritonllm.engine import knobs
     from tritonllm.engine.config import EngineConfig
-    from tritonllm.llm_io import engine_config_from_parameters
+    from tritonllm.engine.config import engine_config_from_parameters
 
     doc = (ROOT / "docs" / "engine.md").read_text()
     assert doc.split("<!-- knobs:begin -->\n")[1].split("<!-- knobs:end -->")[0] == knobs.markdown_table()

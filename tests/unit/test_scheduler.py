@@ -5,6 +5,7 @@ played by ``_step``: the scheduled tokens become computed, and a request whose t
 gets one (fake) sampled token."""
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.kv_cache import BlockPool
+from tritonllm.engine.kv_manager import KVCacheManager
 from tritonllm.engine.request import Request, SamplingParams, Status
 from tritonllm.engine.scheduler import Scheduler
 
@@ -13,7 +14,8 @@ PROMPT = list(range(1, 11))  # 10 tokens: two full blocks of 4 and a partial one
 
 def _scheduler(num_blocks: int, budget: int = 64, cache: bool = True) -> tuple[Scheduler, BlockPool]:
     pool = BlockPool(num_blocks)
-    return Scheduler(EngineConfig(block_size=4, max_num_tokens=budget, enable_prefix_caching=cache), pool), pool
+    kv = KVCacheManager(pool, 4, enable_prefix_caching=cache)
+    return Scheduler(EngineConfig(block_size=4, max_num_tokens=budget, enable_prefix_caching=cache), kv), pool
 
 
 def _req(rid: str, prompt=PROMPT) -> Request:

@@ -13,6 +13,7 @@ Invariants checked:
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -127,17 +128,68 @@ def test_relative_path_parameters_cannot_escape_the_repository(tmp_path):
             resolve_param_path(value, model_dir, name="gpt_model_path", confine=repo)
 
 
-def test_every_adapter_confines_its_path_parameters():
-    for path in sorted((ROOT / "backends").glob("*/model.py")):
-        text = path.read_text()
-        if "gpt_model_path" not in text and "tokenizer_dir" not in text:
-            continue
-        calls = [c for p, c in _calls() if p == path
-                 and _func_name(c).endswith(("resolve_param_path", "model_path_param"))]
-        assert calls, f"{path.relative_to(ROOT)} reads a path parameter without resolve_param_path"
-        for call in calls:  # model_path_param always confines (checked below)
-            assert _func_name(call).endswith("model_path_param") or any(
-                kw.arg == "confine" for kw in call.keywords), f"{path.relative_to(ROOT)}:{call.lineno}"
+PATHLIKE = ("_path", "_dir", "_file", "lora_adapters")
+CONFINING = {"model_path_param", "model_path_value", "resolve_param_path", "resolve_path", "_repo_path"}
+# Read without confinement, and why that is safe: a bare file name, separators refused (tested in test_classical_*).
+BARE_NAMES = {("backends/tritonllm/classical/settings.py", "model_file")}
+
+
+def _path_reads():
+    """(file, function, parameter, confining calls in that function) for every read of a path-like parameter in
+    backends/, adapters and library alike: ``params.get("x_dir")``, ``params["x_path"]``."""
+    for path in SOURCES:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            reads, calls = set(), set()
+            for n in ast.walk(fn):
+                key = None
+                if isinstance(n, ast.Call):
+                    calls.add(_func_name(n).rpartition(".")[2])
+                    if _func_name(n).endswith(".get") and n.args and isinstance(n.args[0], ast.Constant):
+                        key = n.args[0].value
+                elif isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant):
+                    key = n.slice.value
+                if isinstance(key, str) and key.endswith(PATHLIKE):
+                    reads.add(key)
+            for key in reads:
+                yield str(path.relative_to(ROOT)), fn.name, key, calls & CONFINING
+
+
+def test_every_path_parameter_read_is_confined():
+    """Wherever the code lives (an adapter's model.py or the library it delegates to), the function that reads a
+    path parameter resolves it through the confining helpers."""
+    seen = set()
+    for where, fn, key, confining in _path_reads():
+        seen.add(key)
+        assert confining or (where, key) in BARE_NAMES, f"{where}:{fn} reads {key!r} without confining it"
+    assert {"tokenizer_dir", "lora_adapters", "draft_model_path", "gpt_model_path"} <= seen, seen
+
+
+@pytest.mark.parametrize("builder, name, value", [
+    ("torchllm", "gpt_model_path", "../../../outside"), ("torchllm", "tokenizer_dir", "../../../outside"),
+    ("torchllm", "draft_model_path", "../../../outside"), ("torchllm", "lora_adapters", "1=../../build, 2=../../../outside"),
+    ("trtllm_llmapi", "gpt_model_path", "../../../outside"),  # its only path: the rest are LLM() arguments
+])
+def test_adapters_that_delegate_refuse_escaping_paths(tmp_path, builder, name, value):
+    """The two adapters whose model.py holds no path code (backends/torchllm, backends/trtllm_llmapi) build through
+    library functions: those refuse a path parameter that leaves the checkout, naming it, before opening anything."""
+    import json
+
+    from tritonllm.serving.engine_backend import build_engine_backend
+    from tritonllm.trtllm.llmapi_settings import build_llmapi_backend
+
+    model_dir = tmp_path / "checkout" / "model_repository" / "tensorrt_llm"
+    model_dir.mkdir(parents=True)
+    (tmp_path / "checkout" / "build").mkdir()
+    (tmp_path / "outside").mkdir()
+    params = {"gpt_model_path": "../../build", "speculative_decoding_mode": "draft_tokens_external",
+              "draft_model_path": "../../build", "max_draft_len": "2", name: value}
+    args = {"model_repository": str(model_dir), "model_config": json.dumps({})}
+    build = build_llmapi_backend if builder == "trtllm_llmapi" else build_engine_backend
+    with pytest.raises(ValueError, match=f"'{re.escape(name)}(\\[2\\])?' points outside"):
+        build(args, params, lambda out: None)
 
 
 def test_model_path_param_confines_relative_paths(tmp_path):

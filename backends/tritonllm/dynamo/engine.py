@@ -8,8 +8,11 @@ its knobs are the ones ``make serve`` uses (``deployment.yaml: models.tensorrt_l
 Invariants:
 - Every option Dynamo passes that the engine supports is mapped (``request_params``); the others, when
   set to anything but their neutral value, are refused with ``InvalidArgument`` naming the option.
-- ``abort`` (client gone, request cancelled) aborts the engine request at once, which frees its KV
+- ``abort`` (client gone, request cancelled) aborts the engine requests at once, which frees their KV
   blocks; the stream then ends with ``finish_reason: cancelled``.
+- ``n`` (OpenAI's, sampling_options.n) and guided decoding (sampling_options.guided_decoding: json, regex, choice,
+  grammar) are served as Triton serves num_return_sequences and guided_decoding_guide: the same sequence rule
+  (``lifecycle.Sequences``) and the same guide conversion (``guides.vllm_guide``).
 - KV events: every block the prefix cache publishes is sent as *stored* (its tokens, chained to its
   parent), every cached block the pool reuses as *removed*, with our 128-bit block hash folded to the
   signed 64 bits Dynamo's publisher takes; the router hashes the tokens itself, so its index and ours
@@ -31,18 +34,24 @@ import threading
 from typing import Any
 
 from ..engine.engine import LLMEngine as OurEngine
-from ..engine.kv_transfer import KVPrefix, export_prefix, import_prefix
+from ..engine.kv_transfer import KVPrefix
 from ..engine.request import InvalidRequest, QueueFull, RequestOutput, SamplingParams
+from ..errors import InvalidInput
+from ..contract import MAX_RETURN_SEQUENCES
+from ..guides import vllm_guide
 from ..engine.runner import EngineRunner
+from ..lifecycle import Sequences
 from ..model_files import hf_folder
 from .disagg import KVHandoff
 from .settings import engine_settings
 
 log = logging.getLogger(__name__)
-FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
+FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "timeout": "length"}
 # Dynamo sampling / stop options with no counterpart here, and their neutral values.
-UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "use_beam_search": (None, False), "min_p": (None, 0.0),
-               "length_penalty": (None, 1.0), "guided_decoding": (None,), "max_thinking_tokens": (None,)}
+UNSUPPORTED = {"best_of": (None, 1), "use_beam_search": (None, False), "min_p": (None, 0.0),
+               "length_penalty": (None, 1.0), "max_thinking_tokens": (None,)}
+# sampling_options.guided_decoding keys (Dynamo's, as its vLLM worker reads them) that change nothing here
+GUIDE_NEUTRAL = {"backend", "whitespace_pattern"}
 
 
 def top_logprobs_wire(tops: list[list[tuple[int, float]]]) -> list[list[dict]]:
@@ -77,6 +86,11 @@ def request_params(request: dict) -> SamplingParams:
     take(so, "frequency_penalty", "frequency_penalty", float)
     take(so, "seed", "seed", int)
     take(sc, "min_tokens", "min_tokens", int)
+    guided = so.get("guided_decoding")
+    if guided:  # json / regex / choice / grammar, as the OpenAI server maps vLLM's guided_* extras
+        if not isinstance(guided, dict):
+            raise InvalidRequest("guided_decoding must be an object")
+        p.guide = vllm_guide(**{k: v for k, v in guided.items() if k not in GUIDE_NEUTRAL})
     if sc.get("ignore_eos"):
         p.end_id = -1
     # EOS ids arrive here too; other hidden stop ids become one-token stop words.
@@ -87,6 +101,15 @@ def request_params(request: dict) -> SamplingParams:
     return p
 
 
+def sequence_count(request: dict) -> int:
+    """OpenAI's n as Dynamo passes it (sampling_options.n), checked as the Triton contract checks
+    num_return_sequences."""
+    n = (request.get("sampling_options") or {}).get("n") or 1
+    if not isinstance(n, int) or not 1 <= n <= MAX_RETURN_SEQUENCES:
+        raise InvalidRequest(f"n must be an integer in [1, {MAX_RETURN_SEQUENCES}], got {n!r}")
+    return n
+
+
 def fold64(h: int | None) -> int | None:
     """Our 128-bit block hash as the signed 64-bit value Dynamo's KvEventPublisher takes."""
     if h is None:
@@ -95,7 +118,7 @@ def fold64(h: int | None) -> int | None:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-class TritonLLMDynamoEngine:
+class DynamoWorker:
     """Built by ``dynamo_engine_class()`` as a subclass of Dynamo's LLMEngine (imported lazily, so this
     module imports without Dynamo installed)."""
 
@@ -106,7 +129,8 @@ class TritonLLMDynamoEngine:
         self._exports: dict[str, KVPrefix] = {}
         self.engine: OurEngine | None = None
         self.runner: EngineRunner | None = None
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, asyncio.Queue] = {}  # engine id -> its request's queue
+        self._groups: dict[str, Sequences] = {}        # Dynamo request id -> its sequences
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -125,12 +149,12 @@ class TritonLLMDynamoEngine:
         self.engine = await self._loop.run_in_executor(None, OurEngine, self.model_path, self.config)
         if self.handoff is not None:
             await self.handoff.start()
-        self.engine.pool.listener = self._events.put  # KV events, on the engine thread
+        self.engine.subscribe_kv_events(self._events.put)  # on the engine thread
         self.runner = EngineRunner(self.engine, self._on_output).start()
         c = self.engine.config
         return EngineConfig(model=str(hf_folder(self.model_path)), served_model_name=self.served_name, llm=LlmRegistration(
             context_length=self.engine.max_seq_len, kv_cache_block_size=c.block_size,
-            total_kv_blocks=self.engine.pool.num_blocks, max_num_seqs=c.max_num_seqs,
+            total_kv_blocks=self.engine.kv_manager.num_blocks, max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_tokens))
 
     async def cleanup(self) -> None:
@@ -146,18 +170,23 @@ class TritonLLMDynamoEngine:
     def _on_output(self, out: RequestOutput) -> None:
         job = self._prefills.pop(out.request_id, None) if out.finished else None
         if job is not None and out.error is None and out.finish_reason != "abort":  # engine thread: still cached
-            self._exports[out.request_id] = export_prefix(self.engine.pool, self.engine.kv, job[0], job[1])
+            self._exports[out.request_id] = self.engine.export_prefix(job[0], job[1])
         q = self._streams.get(out.request_id)
         if q is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(q.put_nowait, out)
 
     async def generate(self, request: dict, context):
+        """One Dynamo request: ``n`` sequences (lifecycle.Sequences, as Triton's num_return_sequences), streamed
+        as chunks with their ``index``; each sequence's last chunk carries its finish_reason and the usage so far
+        (the prompt once, every sequence's completion tokens), and the stream ends after the last sequence."""
         from dynamo.llm.exceptions import InvalidArgument, Unknown
 
         rid = context.id()
         prompt = list(request.get("token_ids") or [])
+        seqs = None
         try:
             params = request_params(request)
+            n = 1 if self.mode == "prefill" else sequence_count(request)  # a prefill worker computes the prompt once
             eos = set(self.engine.spec.eos_token_ids)  # the engine stops on these itself
             params.stop_words = [w for w in params.stop_words if w[0] not in eos]
             prefill_result = request.get("prefill_result") if self.mode == "decode" else None
@@ -166,58 +195,76 @@ class TritonLLMDynamoEngine:
                 self._prefills[rid] = (prompt, params.lora_task_id)
             elif prefill_result is not None:
                 await self._import(prompt, params, prefill_result)
+            names = iter([rid] if n == 1 else [f"{rid}/{i}" for i in range(n)])
+            seqs = Sequences.of(params, n, lambda: next(names))
             q: asyncio.Queue = asyncio.Queue()
-            self._streams[rid] = q
-            self.runner.submit(rid, prompt, params)
-        except InvalidRequest as e:
-            self._streams.pop(rid, None)
+            for eid in seqs.ids:
+                self._streams[eid] = q
+            self._groups[rid] = seqs
+            self.runner.submit_all(seqs.submissions(prompt))
+        except (InvalidInput, QueueFull) as e:  # InvalidRequest is an InvalidInput
+            for eid in (seqs.ids if seqs else []):
+                self._streams.pop(eid, None)
+            self._groups.pop(rid, None)
             self._prefills.pop(rid, None)
-            raise InvalidArgument(str(e)) from None
-        except QueueFull as e:
-            self._streams.pop(rid, None)
-            self._prefills.pop(rid, None)
-            raise Unknown(str(e)) from None
-        finished = False
+            raise (InvalidArgument if isinstance(e, InvalidInput) else Unknown)(str(e)) from None
+        completion, ends = [0] * n, []
         try:
             while True:
                 out: RequestOutput = await q.get()
-                finished = out.finished
                 if out.error is not None:
                     raise Unknown(f"engine: {out.error}")
-                chunk: dict[str, Any] = {"token_ids": list(out.new_token_ids), "index": 0}
+                index = seqs.index(out.request_id)
+                chunk: dict[str, Any] = {"token_ids": list(out.new_token_ids), "index": index}
                 if params.return_log_probs:
                     chunk["log_probs"] = [float(x) for x in out.new_logprobs]
                 if params.top_logprobs:
                     chunk["top_logprobs"] = top_logprobs_wire(out.new_top_logprobs)
                 if out.finished:
+                    last = seqs.end(out.request_id)
+                    completion[index] = out.num_output_tokens
+                    if n > 1:  # Dynamo's frontend reads no tokens after the first finish it sees (any choice):
+                        if chunk["token_ids"]:  # every choice's tokens go first, the finishes at the end
+                            yield chunk
+                        chunk = {"token_ids": [], "index": index}
+                    if not last:
+                        ends.append({**chunk, "finish_reason": FINISH.get(out.finish_reason or "stop", "stop")})
+                        continue
                     chunk["finish_reason"] = FINISH.get(out.finish_reason or "stop", "stop")
-                    chunk["completion_usage"] = {
-                        "prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
-                        "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
-                    if prefill_result is not None and prefill_result.get("prompt_tokens_details"):
-                        chunk["completion_usage"]["prompt_tokens_details"] = prefill_result["prompt_tokens_details"]
-                    elif out.metrics is not None:  # OpenAI's usage.prompt_tokens_details: our prefix-cache hits
-                        cached = out.metrics.kv_reused_blocks * self.engine.config.block_size
-                        chunk["completion_usage"]["prompt_tokens_details"] = {
-                            "cached_tokens": min(cached, out.num_prompt_tokens)}
+                    chunk["completion_usage"] = self._usage(out, sum(completion), prefill_result)
                     if self.mode == "prefill":
                         chunk["disaggregated_params"] = await self.handoff.offer(self._exports.pop(rid, None))
+                    for end in ends:
+                        yield end
                     yield chunk
                     return
-                if chunk["token_ids"]:
+                elif chunk["token_ids"]:
                     yield chunk
         finally:
-            self._streams.pop(rid, None)
+            for eid in seqs.ids:
+                self._streams.pop(eid, None)
+            self._groups.pop(rid, None)
             self._exports.pop(rid, None)
-            if not finished and self.runner is not None:
-                self.runner.abort(rid)  # the client left mid-stream: free the KV blocks now
+            if self.runner is not None:
+                for eid in seqs.unfinished():  # the client left mid-stream: free the KV blocks now
+                    self.runner.abort(eid)
+
+    def _usage(self, out: RequestOutput, completion_tokens: int, prefill_result: dict | None) -> dict:
+        usage = {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": out.num_prompt_tokens + completion_tokens}
+        if prefill_result is not None and prefill_result.get("prompt_tokens_details"):
+            usage["prompt_tokens_details"] = prefill_result["prompt_tokens_details"]
+        elif out.metrics is not None:  # OpenAI's usage.prompt_tokens_details: our prefix-cache hits
+            cached = out.metrics.kv_reused_blocks * self.engine.config.block_size
+            usage["prompt_tokens_details"] = {"cached_tokens": min(cached, out.num_prompt_tokens)}
+        return usage
 
     async def _import(self, prompt: list[int], params: SamplingParams, prefill_result: dict) -> None:
         """Decode role: the prefill worker's KV into our prefix cache, before the request is admitted."""
         prefix = await self.handoff.fetch(prefill_result)
         if prefix is None:
             return
-        fut = self.runner.call(lambda e: import_prefix(e.pool, e.kv, prompt, prefix, params.lora_task_id))
+        fut = self.runner.call(lambda e: e.import_prefix(prompt, prefix, params.lora_task_id))
         try:
             self.handoff.imported_blocks += await asyncio.wrap_future(fut)
         except ValueError as e:  # another layout (a different model or KV dtype): computed here
@@ -225,8 +272,10 @@ class TritonLLMDynamoEngine:
             log.warning("KV handoff not installed: %s", e)
 
     async def abort(self, context) -> None:
-        if self.runner is not None:
-            self.runner.abort(context.id())
+        seqs = self._groups.get(context.id())
+        if self.runner is not None and seqs is not None:
+            for eid in seqs.unfinished():
+                self.runner.abort(eid)
 
     # ---- KV events and load --------------------------------------------------------------------
     async def kv_event_sources(self):
@@ -253,12 +302,12 @@ class TritonLLMDynamoEngine:
                 event = self._events.get(timeout=0.1)
             except queue.Empty:
                 if self._snapshots is not None:
-                    pool, stats = self.engine.pool, self.engine.stats
-                    used = pool.num_blocks - pool.num_free
+                    kv, stats = self.engine.kv_manager, self.engine.stats
+                    used = kv.num_blocks - kv.num_free
                     hit = stats.prefix_hit_tokens / stats.prefix_query_tokens if stats.prefix_query_tokens else None
                     self._snapshots.publish(0, ComponentSnapshot(
-                        kv_used_blocks=used, kv_total_blocks=pool.num_blocks,
-                        gpu_cache_usage=used / pool.num_blocks, dp_rank=0, kv_cache_hit_rate=hit))
+                        kv_used_blocks=used, kv_total_blocks=kv.num_blocks,
+                        gpu_cache_usage=used / kv.num_blocks, dp_rank=0, kv_cache_hit_rate=hit))
                 continue
             try:
                 if event[0] == "stored":
@@ -289,11 +338,11 @@ def parse_args(argv: list[str] | None):
 
 
 def dynamo_engine_class():
-    """TritonLLMDynamoEngine mixed into Dynamo's LLMEngine ABC (Dynamo is imported here, not at module top)."""
+    """DynamoWorker mixed into Dynamo's LLMEngine ABC (Dynamo is imported here, not at module top)."""
     from dynamo.common.backend import LLMEngine, WorkerConfig
     from dynamo.common.constants import DisaggregationMode
 
-    class Engine(TritonLLMDynamoEngine, LLMEngine):
+    class Engine(DynamoWorker, LLMEngine):
         @classmethod
         async def from_args(cls, argv=None):
             args = parse_args(argv)

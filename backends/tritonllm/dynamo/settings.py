@@ -8,13 +8,19 @@ from pathlib import Path
 
 import yaml
 
-from ..llm_io import engine_config_from_parameters
+from ..engine.config import engine_config_from_parameters
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def _text(value) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _repo_path(value: str) -> Path:
+    """A deployment.yaml path: relative to the repository root, or absolute."""
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else REPO / path
 
 
 def engine_settings(deployment: str | None, model_path: str | None, num_threads: int = 0):
@@ -27,10 +33,6 @@ def engine_settings(deployment: str | None, model_path: str | None, num_threads:
               if k != "lora_adapters" and v is not None}
     if num_threads:
         params["num_threads"] = str(num_threads)
-    config, _ = engine_config_from_parameters(params)
-    model = Path(os.path.expanduser(model_path or dep["llm"]["gpt_model_path"]))
-    model = model if model.is_absolute() else REPO / model
-    if params.get("speculative_decoding_mode") == "draft_model":
-        draft = Path(params.get("draft_model_path", ""))
-        config.draft_model_path = str(draft if draft.is_absolute() else REPO / draft)
+    config, _ = engine_config_from_parameters(params, lambda _name, value: str(_repo_path(value)))
+    model = _repo_path(model_path or dep["llm"]["gpt_model_path"])
     return str(model.resolve()), model.stem if model.is_file() else model.name, config  # a GGUF: its file's stem

@@ -3,7 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .knobs import BY_FIELD, KnobError, default
+from typing import Callable
+
+from .knobs import BY_FIELD, KNOBS, SPECULATIVE_MODES, KnobError, default
+
+# prompt_lookup: n-gram drafts; draft_model (TensorRT-LLM: draft_tokens_external): the checkpoint in the
+# `draft_model_path` parameter drafts.
+DRAFT_MODEL_MODES = SPECULATIVE_MODES[1:]
 
 
 @dataclass
@@ -53,3 +59,19 @@ class EngineConfig:
                 knob.check(getattr(self, name))
             except KnobError as e:
                 raise ValueError(str(e)) from None
+
+
+def engine_config_from_parameters(p: dict[str, str], resolve_path: Callable[[str, str], str] | None = None):
+    """config.pbtxt / deployment.yaml parameters -> (EngineConfig, exclude_input_in_output), every knob parsed and
+    checked by its row of ``knobs.KNOBS`` (ValueError naming the parameter). ``resolve_path(name, value)`` turns a
+    path parameter into the path the engine opens (each front resolves against its own base: the model's folder
+    in Triton, the repository for Dynamo); with it, the draft checkpoint is resolved for every mode that drafts
+    from a model (``DRAFT_MODEL_MODES``: draft_model and TensorRT-LLM's draft_tokens_external alike)."""
+    values = {knob.param: knob.parse(p.get(knob.param)) for knob in KNOBS}
+    fields = {knob.field: values[knob.param] for knob in KNOBS if knob.field}
+    if values["speculative_decoding_mode"] not in SPECULATIVE_MODES:
+        fields["max_draft_len"] = 0
+    config = EngineConfig(**fields)
+    if resolve_path is not None and values["speculative_decoding_mode"] in DRAFT_MODEL_MODES:
+        config.draft_model_path = resolve_path("draft_model_path", p.get("draft_model_path", ""))
+    return config, values["exclude_input_in_output"]

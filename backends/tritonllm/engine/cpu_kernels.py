@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from .fp8 import linear as torch_linear
+from .linear import linear as torch_linear
 from .knobs import BY_PARAM
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,8 @@ import torch
 
 from .config import EngineConfig
 from .kv_cache import BlockPool, KVCache, kv_layout
+from .kv_manager import KVCacheManager
+from .kv_transfer import KVPrefix, export_prefix, import_prefix
 from .loader import load_model
 from .lora import LoraSet
 from .batch_layout import attention_meta
@@ -63,10 +65,11 @@ class LLMEngine:
             budget = int(_available_memory(self.model.device) * self.config.kv_mem_fraction)
             tokens = min(budget // self.kv_bytes_per_token, self.config.max_num_seqs * self.max_seq_len)
         num_blocks = max(tokens // bs, 1)
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks)  # read here by tests only: everything else asks kv_manager
+        self.kv_manager = KVCacheManager(self.pool, bs, self.config.enable_prefix_caching)
         self.kv = KVCache(spec.num_layers, num_blocks, bs, spec.num_kv_heads, kv_width, kv_dtype,
                           self.model.device)
-        self.scheduler = Scheduler(self.config, self.pool)
+        self.scheduler = Scheduler(self.config, self.kv_manager)
         self.drafter = None
         if self.config.draft_model_path and self.config.max_draft_len:
             from .draft_model import DraftModel
@@ -106,9 +109,9 @@ class LLMEngine:
         if total > self.max_seq_len:
             raise InvalidRequest(f"prompt_ids length {len(prompt_ids)} + max_tokens {params.max_tokens} "
                                  f"exceeds max_seq_len {self.max_seq_len}")
-        if total > self.pool.num_blocks * self.config.block_size:
+        if total > self.kv_manager.num_blocks * self.config.block_size:
             raise InvalidRequest(f"prompt_ids length + max_tokens = {total} tokens exceeds the KV cache "
-                                 f"({self.pool.num_blocks * self.config.block_size} tokens)")
+                                 f"({self.kv_manager.num_blocks * self.config.block_size} tokens)")
         if not self.config.enable_chunked_prefill and total > self.config.max_num_tokens:
             raise InvalidRequest(f"{total} tokens exceed max_num_tokens {self.config.max_num_tokens} "
                                  "and chunked context is disabled")
@@ -183,12 +186,23 @@ class LLMEngine:
 
     def load(self) -> tuple[int, int, float]:
         """(running, waiting, KV usage ratio); approximate when read from another thread."""
-        used = 1.0 - self.pool.num_free / self.pool.num_blocks
+        used = 1.0 - self.kv_manager.num_free / self.kv_manager.num_blocks
         return len(self.scheduler.running), len(self.scheduler.waiting), used
 
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free
+        return self.kv_manager.num_free
+
+    # ---- KV across engines (Dynamo's disaggregation and router); engine thread only -------------------
+    def export_prefix(self, prompt_ids: list[int], lora_task_id: int | None = None) -> KVPrefix:
+        return export_prefix(self.kv_manager, self.kv, prompt_ids, lora_task_id)
+
+    def import_prefix(self, prompt_ids: list[int], prefix: KVPrefix, lora_task_id: int | None = None) -> int:
+        return import_prefix(self.kv_manager, self.kv, prompt_ids, prefix, lora_task_id)
+
+    def subscribe_kv_events(self, listener) -> None:
+        """``listener(event)`` on the engine thread for every prefix-cache change (KVCacheManager.subscribe)."""
+        self.kv_manager.subscribe(listener)
 
     # ---- one iteration ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -198,7 +212,7 @@ class LLMEngine:
         finally:
             self.stats.busy_seconds += time.monotonic() - t0
             if self._step_stats is not None:
-                self.last_step = dataclasses.replace(self._step_stats, free_blocks=self.pool.num_free)
+                self.last_step = dataclasses.replace(self._step_stats, free_blocks=self.kv_manager.num_free)
                 self._step_stats = None
 
     def _step(self) -> list[RequestOutput]:
@@ -291,7 +305,7 @@ class LLMEngine:
                 outputs.append(out)
                 if out.finished:
                     return outputs
-        self.scheduler.kv.cache_full_blocks(req)  # the accepted tokens are appended: their full blocks publish
+        self.scheduler.cache_full_blocks(req)  # the accepted tokens are appended: their full blocks publish
         return outputs
 
     def _prepare(self, items):

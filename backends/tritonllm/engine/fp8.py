@@ -10,9 +10,7 @@ Weights: per-output-channel scales (scale = amax of the row / 448), stored as FP
   FP8 x FP8 with row-wise scales (FP8 tensor cores on Hopper / Ada, SM >= 8.9: the default there). It runs
   on CPU too (torch has a reference kernel), which is how its numerics are tested here. If the kernel
   refuses a shape at run time, that weight falls back to ``dequant`` (once, logged).
-KV cache: values divided by a per-model scale
-(1.0 unless the checkpoint carries k_scale / v_scale) and stored as FP8 bits in uint8 tensors, because
-torch's CPU index_copy_ / index_select have no float8 kernels; reads convert back to the compute dtype.
+The FP8 (and INT8) KV cache's store and load live in ``kv_quant.py``; the generic ``linear`` in ``linear.py``.
 """
 from __future__ import annotations
 
@@ -20,9 +18,10 @@ import functools
 import logging
 
 import torch
-import torch.nn.functional as F
 
+from .cpu_kernels import native_rows
 from .knobs import BY_PARAM
+from .linear import linear
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,6 @@ class FP8Weight:
         self._scale_b = self.scale[None, :]      # [1, out]: row-wise scale of W^T's columns
 
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        from .cpu_kernels import native_rows  # lazily: cpu_kernels imports this module
-
         if self.native is not None and native_rows(x):
             return self.native.linear_f8(x.contiguous(), self.q.view(torch.uint8), self.scale, fp8_table(), b)
         if self.scaled_mm and x.dim() == 2:
@@ -70,16 +67,6 @@ class FP8Weight:
         return self.q.numel() + self.scale.numel() * 4
 
 
-def _onednn_linear_available() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    except (AttributeError, RuntimeError):
-        return False
-
-
-_ONEDNN = _onednn_linear_available()
-
-
 def wants_scaled_mm(mode: str, device: torch.device) -> bool:
     """fp8_matmul `auto` -> scaled on CUDA devices with FP8 tensor cores (SM >= 8.9), else dequant."""
     BY_PARAM["fp8_matmul"].check(mode)  # auto | scaled | dequant (engine/knobs.py)
@@ -95,38 +82,3 @@ def scaled_linear(x: torch.Tensor, w: FP8Weight, b: torch.Tensor | None = None) 
     xq = (xf / sx).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     y = torch._scaled_mm(xq, w.q.t(), scale_a=sx, scale_b=w._scale_b, out_dtype=x.dtype)
     return y if b is None else y + b
-
-
-def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x W^T + b. On CPU, oneDNN's linear: measured 1.7-2.5x faster than F.linear (MKL sgemm) at
-    M = 1..64 rows on an AVX2 AMD EPYC, where MKL takes slow paths."""
-    if not isinstance(w, torch.Tensor):
-        return w.matmul(x, b)
-    if _ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
-        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-    return F.linear(x, w, b)
-
-
-def store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: float) -> None:
-    """x [T, heads, head_dim] into the cache rows `slots`: as is, as FP8 bits (uint8 cache, / scale), or as
-    INT8 codes with the row's own scale (int8 cache, see kv_cache.kv_layout)."""
-    if cache.dtype == torch.uint8:
-        cache.index_copy_(0, slots, (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8))
-    elif cache.dtype == torch.int8:
-        xf = x.float()
-        s = (xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127.0).contiguous()   # per token and head
-        codes = torch.round(xf / s).clamp(-127, 127).to(torch.int8)
-        cache.index_copy_(0, slots, torch.cat((codes, s.view(torch.int8)), dim=-1))
-    else:
-        cache.index_copy_(0, slots, x)
-
-
-def load(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
-    """Cache rows `index` as [N, heads, head_dim] of `dtype`."""
-    rows = cache.index_select(0, index)
-    if cache.dtype == torch.uint8:
-        return (rows.view(FP8).to(torch.float32) * scale).to(dtype)
-    if cache.dtype == torch.int8:
-        d = rows.shape[-1] - 4
-        return (rows[..., :d].float() * rows[..., d:].contiguous().view(torch.float32)).to(dtype)
-    return rows

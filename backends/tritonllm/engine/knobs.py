@@ -3,7 +3,7 @@
 Each ``Knob`` is the one definition of its parameter (NVIDIA's name where theirs exists): the EngineConfig
 field it sets, its type, default, allowed values or range, and its documentation line. Everything else is
 derived from this table: ``EngineConfig``'s defaults and checks (``engine/config.py``), the parsing of a
-model config's string parameters (``llm_io.engine_config_from_parameters``, also used by the Dynamo
+model config's string parameters (``config.engine_config_from_parameters``, also used by the Dynamo
 worker), the renderer's checks of deployment.yaml (``build_scripts/render_configs.py``) and the table in
 docs/engine.md (``markdown_table``, kept equal by a unit test). No Triton or torch imports.
 """

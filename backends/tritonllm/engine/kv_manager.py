@@ -1,5 +1,7 @@
-"""KVCacheManager: the one owner of a BlockPool's blocks on behalf of requests (vLLM v1's seam: the
-scheduler asks it for slots, it never touches the pool).
+"""KVCacheManager: the one owner of a BlockPool's blocks (vLLM v1's seam: the scheduler asks it for slots, it
+never touches the pool). Everything else that reaches the blocks goes through it too: the prefix transfer
+between engines (``kv_transfer``: ``cached_prefix`` / ``adopt``), KV event listeners (``subscribe``) and the
+load figures (``num_free`` / ``num_blocks`` / ``alloc_counts``).
 
 Invariants:
 - a block list it extends (``Request.block_table``, or a drafter's list) holds exactly the blocks it handed
@@ -11,6 +13,8 @@ Invariants:
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from .kv_cache import BlockPool, NoFreeBlocks, adapter_root, block_hash, iter_prefix_hashes
 from .request import Request
 
@@ -20,6 +24,23 @@ class KVCacheManager:
         self.pool = pool
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    def alloc_counts(self) -> tuple[int, int]:
+        """(blocks handed out so far, of which fresh rather than evicted from the prefix cache)."""
+        return self.pool.num_alloc_total, self.pool.num_alloc_new
+
+    def subscribe(self, listener: Callable[[tuple], None] | None) -> None:
+        """KV events on the engine thread: ("stored", hash, parent, tokens) when a block enters the prefix
+        cache, ("removed", hash) when a cached block is reused (Dynamo's router); None unsubscribes."""
+        self.pool.listener = listener
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -60,6 +81,30 @@ class KVCacheManager:
             h = block_hash(parent, tokens)
             self.pool.register(req.block_table[i], h, parent, tokens)
             req.block_hashes.append(h)
+
+    def cached_prefix(self, prompt_ids: list[int], lora_task_id: int | None = None) -> list[tuple[int, int]]:
+        """(hash, block) of the longest cached run of the prompt's reusable blocks, without taking them."""
+        run = []
+        for h in iter_prefix_hashes(prompt_ids, self.block_size, lora_task_id):
+            b = self.pool.lookup(h)
+            if b is None:
+                break
+            run.append((h, b))
+        return run
+
+    def is_cached(self, h: int) -> bool:
+        return self.pool.lookup(h) is not None
+
+    def adopt(self, h: int, parent: int | None, tokens: list[int], write: Callable[[int], None]) -> None:
+        """A block computed elsewhere: a free block is filled by ``write(block)``, published under ``h`` and left
+        cached and idle (the most recently used end of the LRU list), as a finished request leaves its blocks.
+        Raises NoFreeBlocks when none is free."""
+        (b,) = self.pool.allocate(1)
+        try:
+            write(b)
+            self.pool.register(b, h, parent, tokens)
+        finally:
+            self.pool.release([b])
 
     def release(self, blocks: list[int]) -> None:
         """Gives back blocks it handed out (a drafter's list)."""

@@ -7,8 +7,8 @@ and only the rest of the prompt (at least its last token, whose logits are neede
 Nothing here changes what a request computes; a block that fails to arrive is recomputed.
 
 Invariants:
-- Both functions run on the engine's own thread (``EngineRunner.call``): the pool and the KV tensors are
-  not locked.
+- Both functions run on the engine's own thread (``EngineRunner.call``): the blocks and the KV tensors are
+  not locked. Blocks are reached through the engine's ``KVCacheManager`` only.
 - ``export_prefix`` copies the blocks (the copy is the transfer buffer), so the exporting engine may
   evict or reuse them the moment it returns.
 - ``import_prefix`` leaves every imported block cached and free (ref count 0, most recently used end of
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import BlockPool, KVCache, adapter_root, iter_prefix_hashes, prefix_hashes
+from .kv_cache import KVCache, adapter_root, prefix_hashes
+from .kv_manager import KVCacheManager
 
 
 @dataclass
@@ -48,15 +49,11 @@ def _slots(blocks: list[int], block_size: int, device) -> torch.Tensor:
     return (base + torch.arange(block_size, device=device)).reshape(-1)
 
 
-def export_prefix(pool: BlockPool, kv: KVCache, prompt_ids: list[int], lora_task_id: int | None = None) -> KVPrefix:
+def export_prefix(manager: KVCacheManager, kv: KVCache, prompt_ids: list[int],
+                  lora_task_id: int | None = None) -> KVPrefix:
     """Copies the longest cached run of the prompt's reusable blocks (possibly none)."""
-    hashes, blocks = [], []
-    for h in iter_prefix_hashes(prompt_ids, kv.block_size, lora_task_id):
-        b = pool.lookup(h)
-        if b is None:
-            break
-        hashes.append(h)
-        blocks.append(b)
+    run = manager.cached_prefix(prompt_ids, lora_task_id)
+    hashes, blocks = [h for h, _ in run], [b for _, b in run]
     shape, dtype = layout(kv, len(blocks))
     if not blocks:
         return KVPrefix([], torch.empty(shape, dtype=dtype))
@@ -65,7 +62,7 @@ def export_prefix(pool: BlockPool, kv: KVCache, prompt_ids: list[int], lora_task
     return KVPrefix(hashes, data.cpu().contiguous())
 
 
-def import_prefix(pool: BlockPool, kv: KVCache, prompt_ids: list[int], prefix: KVPrefix,
+def import_prefix(manager: KVCacheManager, kv: KVCache, prompt_ids: list[int], prefix: KVPrefix,
                   lora_task_id: int | None = None) -> int:
     """Writes the prefix's blocks into free blocks of this cache and publishes them; returns blocks written.
 
@@ -78,20 +75,21 @@ def import_prefix(pool: BlockPool, kv: KVCache, prompt_ids: list[int], prefix: K
                          f"{shape} {dtype}")
     bs = kv.block_size
     expected = prefix_hashes(prompt_ids, bs, lora_task_id)
-    written, parent, room = 0, adapter_root(lora_task_id), pool.num_free
+    written, parent, room = 0, adapter_root(lora_task_id), manager.num_free
     for i, h in enumerate(prefix.hashes):
         if i >= len(expected) or expected[i] != h:
             break
-        if pool.lookup(h) is None:
+        if not manager.is_cached(h):
             if written == room:
                 break
-            (b,) = pool.allocate(1)
             src = prefix.data[:, :, i * bs:(i + 1) * bs].to(kv.k[0].device)
-            for layer, (k, v) in enumerate(zip(kv.k, kv.v)):
-                k[b * bs:(b + 1) * bs] = src[layer, 0]
-                v[b * bs:(b + 1) * bs] = src[layer, 1]
-            pool.register(b, h, parent, prompt_ids[i * bs:(i + 1) * bs])
-            pool.release([b])
+
+            def write(b: int, src=src) -> None:
+                for layer, (k, v) in enumerate(zip(kv.k, kv.v)):
+                    k[b * bs:(b + 1) * bs] = src[layer, 0]
+                    v[b * bs:(b + 1) * bs] = src[layer, 1]
+
+            manager.adopt(h, parent, prompt_ids[i * bs:(i + 1) * bs], write)
             written += 1
         parent = h
     return written

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fp8 import linear
+from .linear import linear
 from .hf_config import ModelSpec
 
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight$")

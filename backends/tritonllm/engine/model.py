@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_kernels as native_kernels
-from .fp8 import FP8Weight, load, store, wants_scaled_mm
+from .fp8 import FP8Weight, wants_scaled_mm
+from .kv_quant import load, store
 from .quant import Int4Weight, Int8Weight, RowStack, quantize
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet

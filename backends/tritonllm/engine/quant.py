@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .cpu_kernels import native_rows
+from .linear import linear
 
 MODES = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
@@ -425,6 +426,4 @@ def _native_prefill(x: torch.Tensor) -> bool:
 
 
 def _torch_linear(x, w, b):
-    from .fp8 import linear
-
     return linear(x, w, b)

@@ -24,7 +24,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from .config import EngineConfig
-from .kv_cache import BlockPool
 from .kv_manager import KVCacheManager
 from .request import Request, Status
 
@@ -36,10 +35,9 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: BlockPool) -> None:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
         self.config = config
-        self.pool = pool
-        self.kv = KVCacheManager(pool, config.block_size, config.enable_prefix_caching)
+        self.kv = kv  # the blocks' owner: the scheduler never touches the pool
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # id -> every request in the scheduler, waiting or running
@@ -66,16 +64,21 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _grow(self, req: Request, num_tokens: int) -> bool:
-        total, new = self.pool.num_alloc_total, self.pool.num_alloc_new
+        total, new = self.kv.alloc_counts()
         if not self.kv.allocate_slots(req.block_table, num_tokens):
             return False
         if req.num_computed < req.num_prompt:  # context blocks (see RequestMetrics)
-            req.metrics.kv_alloc_total_blocks += self.pool.num_alloc_total - total
-            req.metrics.kv_alloc_new_blocks += self.pool.num_alloc_new - new
+            total2, new2 = self.kv.alloc_counts()
+            req.metrics.kv_alloc_total_blocks += total2 - total
+            req.metrics.kv_alloc_new_blocks += new2 - new
         return True
 
     def free(self, req: Request) -> None:
         self.kv.free(req)
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Publishes the request's blocks that became full (tokens appended outside a scheduled step: drafts)."""
+        self.kv.cache_full_blocks(req)
 
     def update_from_output(self, items: list[tuple[Request, int]]) -> None:
         """After the model ran a step: the scheduled tokens of requests without a draft now have KV (a

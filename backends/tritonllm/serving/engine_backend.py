@@ -1,7 +1,7 @@
 """Our PyTorch engine as a generator backend (``generator.GeneratorBackend``) of the ``tensorrt_llm`` model.
 
 ``build_engine_backend(args, params, on_output)`` reads the config parameters (NVIDIA's names where they
-exist, ``llm_io.engine_config_from_parameters``), resolves the path parameters against the model's
+exist, ``engine.config.engine_config_from_parameters``), resolves the path parameters against the model's
 directory, confined to the checkout (``paths.model_path_param``), loads ``LLMEngine`` and wraps it in an
 ``EngineRunner`` (one background thread; admission, abort, shutdown and the one-final-output rule are
 the runner's). Iteration stats are built from the engine's last step in NVIDIA's JSON keys
@@ -14,7 +14,7 @@ import os
 from ..engine.engine import LLMEngine
 from ..engine.lora import parse_adapter_list
 from ..engine.runner import EngineRunner
-from ..llm_io import DRAFT_MODEL_MODES, engine_config_from_parameters
+from ..engine.config import engine_config_from_parameters
 from ..metrics import iteration_stats
 from ..paths import model_path_param, model_path_value
 from .generator import OnOutput
@@ -66,24 +66,23 @@ class EngineBackend:
             import torch
 
             gpu = torch.cuda.memory_allocated(e.model.device)
-        return iteration_stats(step, e.config.max_num_seqs, e.pool.num_blocks, e.config.block_size,
+        return iteration_stats(step, e.config.max_num_seqs, e.kv_manager.num_blocks, e.config.block_size,
                                e.stats.reused_blocks, _resident_bytes(), gpu)
 
     def describe(self) -> list[str]:
         e = self.engine
-        return [self.model_path, f"device {e.model.device}", f"dtype {e.model.dtype}", f"{e.pool.num_blocks} KV blocks"]
+        return [self.model_path, f"device {e.model.device}", f"dtype {e.model.dtype}", f"{e.kv_manager.num_blocks} KV blocks"]
 
 
 def build_engine_backend(args: dict, params: dict[str, str], on_output: OnOutput) -> EngineBackend:
     """The engine of one model instance from its config parameters (see the module docstring)."""
     model_path = str(model_path_param(args, params, "gpt_model_path"))
-    engine_config, default_exclude_input = engine_config_from_parameters(params)
+    engine_config, default_exclude_input = engine_config_from_parameters(
+        params, lambda name, value: str(model_path_value(args, value, name)))
     tokenizer_dir = params.get("tokenizer_dir", "")
     if tokenizer_dir and not tokenizer_dir.startswith("${"):
         engine_config.tokenizer_dir = str(model_path_param(args, params, "tokenizer_dir", must_exist=False))
     engine_config.lora_adapters = {  # "1=../../build/models/demo-lora/x, 2=..." confined like every path
         tid: str(model_path_value(args, p, f"lora_adapters[{tid}]"))
         for tid, p in parse_adapter_list(params.get("lora_adapters", "")).items()}
-    if params.get("speculative_decoding_mode") in DRAFT_MODEL_MODES:
-        engine_config.draft_model_path = str(model_path_param(args, params, "draft_model_path"))
     return EngineBackend(LLMEngine(model_path, engine_config), on_output, model_path, default_exclude_input)

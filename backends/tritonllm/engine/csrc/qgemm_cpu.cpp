@@ -148,6 +148,38 @@ inline void store8(const X8Args& a, const __m256 (&acc)[MB], int64_t g, int64_t 
   }
 }
 
+// One block of an int8-code tile into a row's accumulator, for both activation modes: the block's sums s (and h,
+// the second half's, HALF) times the block's weight scales and, with int8 activations (XD), the row's own block
+// scale xd; asymmetric codes add m * xsum (the block's activation sum). Without per-block scales the per-row scale
+// is applied once, after the last block (finish_x8).
+template <typename S, bool PER_BLOCK, bool HALF, bool XD>
+inline __m256 block_fma(__m256 acc, __m256 s, __m256 h, const X8Args& a, int64_t g, int64_t blk, float xd, float xsum) {
+  const int64_t nb = a.K / QK;
+  const S* d = static_cast<const S*>(a.d);
+  const S* mm = static_cast<const S*>(a.m);
+  const __m256 xv = _mm256_set1_ps(xd);
+  if (HALF) {
+    const S* dh = d + (g * nb + blk) * 16;
+    acc = _mm256_fmadd_ps(s, XD ? _mm256_mul_ps(load8(dh), xv) : load8(dh), acc);
+    return _mm256_fmadd_ps(h, XD ? _mm256_mul_ps(load8(dh + 8), xv) : load8(dh + 8), acc);
+  }
+  if (PER_BLOCK) {
+    const __m256 dv = load8(d + (g * nb + blk) * 8);
+    acc = _mm256_fmadd_ps(s, XD ? _mm256_mul_ps(dv, xv) : dv, acc);
+    return mm ? _mm256_fmadd_ps(load8(mm + (g * nb + blk) * 8), _mm256_set1_ps(xsum), acc) : acc;
+  }
+  return XD ? _mm256_fmadd_ps(s, xv, acc) : _mm256_add_ps(acc, s);
+}
+
+template <typename S, bool PER_BLOCK, int MB>
+inline void finish_x8(const X8Args& a, __m256 (&acc)[MB], int64_t g, int64_t m0) {
+  if (!PER_BLOCK) {
+    const __m256 dv = load8(static_cast<const S*>(a.d) + g * 8);
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
+  }
+  store8<MB>(a, acc, g, m0);
+}
+
 // int8: maddubs wants one unsigned side, so |w| x sign(x, w). A code of -128 is safe: sign(w, w) leaves 0x80,
 // read as unsigned 128, and a pair sums to at most 2 * 128 * 127 = 32512 < 32767 (activations stay in +-127);
 // two pairs may not, so each chunk is widened to int32 (madd) before it is added.
@@ -158,8 +190,6 @@ inline void q8x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_
   const int64_t nb = a.K / QK;
   const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t* wg = a.w + g * nb * 256;
-  const S* d = static_cast<const S*>(a.d);
-  const S* mm = static_cast<const S*>(a.m);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t blk = 0; blk < nb; ++blk) {
@@ -176,28 +206,12 @@ inline void q8x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_
       }
     }
     for (int m = 0; m < MB; ++m) {
-      const int64_t row = m0 + m;
-      const __m256 dot = _mm256_cvtepi32_ps(s32[m]);
-      if (HALF) {
-        const __m256 xd = _mm256_set1_ps(x.d[row * nb + blk]);
-        const S* dh = d + (g * nb + blk) * 16;
-        acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(load8(dh), xd), acc[m]);
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h32[m]), _mm256_mul_ps(load8(dh + 8), xd), acc[m]);
-      } else if (PER_BLOCK) {
-        const __m256 dv = load8(d + (g * nb + blk) * 8);
-        acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row * nb + blk])), acc[m]);
-        if (mm)
-          acc[m] = _mm256_fmadd_ps(load8(mm + (g * nb + blk) * 8), _mm256_set1_ps(x.ds[row * nb + blk]), acc[m]);
-      } else {
-        acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(x.d[row * nb + blk]), acc[m]);
-      }
+      const int64_t i = (m0 + m) * nb + blk;
+      acc[m] = block_fma<S, PER_BLOCK, HALF, true>(acc[m], _mm256_cvtepi32_ps(s32[m]), _mm256_cvtepi32_ps(h32[m]),
+                                                   a, g, blk, x.d[i], x.ds.empty() ? 0.f : x.ds[i]);
     }
   }
-  if (!PER_BLOCK) {
-    const __m256 dv = load8(d + g * 8);
-    for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
-  }
-  store8<MB>(a, acc, g, m0);
+  finish_x8<S, PER_BLOCK, MB>(a, acc, g, m0);
 }
 
 // int4: the 8 maddubs of a block add up in int16 without overflow: each lane is at most 2 * 15 * 127 = 3810,
@@ -426,8 +440,6 @@ template <typename S, bool PER_BLOCK, bool HALF, int MB>
 inline void q8x8_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
   const int64_t nb = a.K / QK;
   const uint8_t* wg = a.w + g * nb * 256;
-  const S* d = static_cast<const S*>(a.d);
-  const S* mm = static_cast<const S*>(a.m);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t blk = 0; blk < nb; ++blk) {
@@ -444,25 +456,11 @@ inline void q8x8_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
         }
       }
     }
-    for (int m = 0; m < MB; ++m) {
-      if (HALF) {
-        const S* dh = d + (g * nb + blk) * 16;
-        acc[m] = _mm256_fmadd_ps(s[m], load8(dh), acc[m]);
-        acc[m] = _mm256_fmadd_ps(h[m], load8(dh + 8), acc[m]);
-      } else if (PER_BLOCK) {
-        acc[m] = _mm256_fmadd_ps(s[m], load8(d + (g * nb + blk) * 8), acc[m]);
-        if (mm) acc[m] = _mm256_fmadd_ps(load8(mm + (g * nb + blk) * 8),
-                                         _mm256_broadcast_ss(a.xs + (m0 + m) * nb + blk), acc[m]);
-      } else {
-        acc[m] = _mm256_add_ps(acc[m], s[m]);
-      }
-    }
+    for (int m = 0; m < MB; ++m)
+      acc[m] = block_fma<S, PER_BLOCK, HALF, false>(acc[m], s[m], h[m], a, g, blk, 1.f,
+                                                    a.xs ? a.xs[(m0 + m) * nb + blk] : 0.f);
   }
-  if (!PER_BLOCK) {
-    const __m256 dv = load8(d + g * 8);
-    for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
-  }
-  store8<MB>(a, acc, g, m0);
+  finish_x8<S, PER_BLOCK, MB>(a, acc, g, m0);
 }
 
 // Up to 4 activation rows share each widened weight vector (4 accumulators + 4 block sums fit AVX2's 16
