@@ -16,7 +16,7 @@ METRICS_PORT ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: all serve build demo test venv configs check-configs clean distclean bench bench-peers bench-quant
+.PHONY: all serve build demo test venv configs check-configs clean distclean bench bench-peers bench-quant bench-real
 
 all: build
 
@@ -132,6 +132,14 @@ bench-quant: build
 bench-peers: build
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/bench_peers.py $(PEERS_ARGS)
+
+# Our engine against llama.cpp on llama.cpp's own files (the default model's Q4_1 GGUF and F32 / Q8_0 / Q4_0 /
+# Q4_K_M requantized from it): batch-1 decode, prefill 512, batch 16, alternating rounds (~15-20 minutes; builds
+# llama.cpp as bench-peers does when it is missing). REAL_ARGS="--rounds 5 --formats Q4_1,F32"
+REAL_ARGS ?=
+bench-real: build
+	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	$(PY) benchmarks/bench_real.py $(REAL_ARGS)
 
 # ---- OpenAI-compatible API and the LLM serving benchmark (clients/, benchmarks/perf_llm.py)
 # `make openai` serves /v1 on OPENAI_PORT in front of a running tritonserver's gRPC port (GRPC_PORT,

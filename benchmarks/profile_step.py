@@ -1,6 +1,10 @@
 """Where a decode step's time goes: the engine's steps on the bench model, each native kernel call timed.
 
-    python benchmarks/profile_step.py [--quantization int4] [--batch 16] [--prompt-len 128] [--new 64]
+    python benchmarks/profile_step.py [--model PATH] [--quantization int4] [--activation-quantization none]
+                                      [--batch 16] [--prompt-len 128] [--new 64]
+
+--model: an HF folder or a GGUF file (default: the bench model; ``default`` = the default model's GGUF, whose
+blocks need no --quantization).
 
 Runs --batch requests of --prompt-len tokens to --new tokens (after a short warm-up), with every call into the
 native extension (matmuls, attention, norms) wrapped in a timer, and prints the prefill step, the median
@@ -59,7 +63,8 @@ def attach(model, timed: Timed) -> None:
 
 def run(engine, batch: int, prompt_len: int, new: int) -> list[float]:
     for i in range(batch):
-        engine.add_request(f"{time.monotonic()}-{i}", [(7 * i + j) % 30000 + 5 for j in range(prompt_len)],
+        vocab = engine.spec.vocab_size
+        engine.add_request(f"{time.monotonic()}-{i}", [(7 * i + j) % (vocab - 10) + 5 for j in range(prompt_len)],
                            SamplingParams(max_tokens=new, end_id=-1))
     steps = []
     while engine.has_work():
@@ -71,17 +76,28 @@ def run(engine, batch: int, prompt_len: int, new: int) -> list[float]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quantization", default="int4")
+    ap.add_argument("--model", default=None, help="HF folder or GGUF file; 'default': deployment.yaml's model")
+    ap.add_argument("--quantization", default=None, help="weights quantized at load (default: int4 on the bench "
+                    "model, none on a GGUF, whose blocks are used as stored)")
+    ap.add_argument("--activation-quantization", default="none", choices=("none", "int8"))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    model_dir = build_bench_model(os.path.join(ROOT, "build", "models", "bench"))
+    if a.model == "default":
+        sys.path.insert(0, os.path.join(ROOT, "build_scripts"))
+        import default_model
+
+        a.model = str(default_model.ensure())
+    model_dir = a.model or build_bench_model(os.path.join(ROOT, "build", "models", "bench"))
+    if a.quantization is None:
+        a.quantization = "none" if a.model else "int4"
     engine = LLMEngine(model_dir, EngineConfig(quantization=a.quantization, max_num_seqs=a.batch, max_num_tokens=2048,
                                                max_kv_tokens=a.batch * (a.prompt_len + a.new + 16),
-                                               num_threads=a.threads))
+                                               num_threads=a.threads,
+                                               activation_quantization=a.activation_quantization))
     if engine.model.native is None:
         sys.exit("native CPU kernels are not in use (cpu_kernels torch, or not built): nothing to time")
     run(engine, a.batch, a.prompt_len, 4)
@@ -91,7 +107,7 @@ def main(argv=None) -> int:
     prefill = [s for s in steps[: len(steps) - a.new + 1]]
     decode = sorted(steps[len(prefill):])
     median = decode[len(decode) // 2]
-    print(f"{a.quantization}, batch {a.batch}, {a.prompt_len}-token prompts, {a.new} new, {a.threads} threads")
+    print(f"{os.path.basename(model_dir)}, {a.quantization}, activations {a.activation_quantization}, batch {a.batch}, {a.prompt_len}-token prompts, {a.new} new, {a.threads} threads")
     print(f"prefill: {sum(prefill) * 1e3:.0f} ms in {len(prefill)} step(s); decode: median {median * 1e3:.2f} ms a step, "
           f"{len(decode)} steps, {sum(decode) * 1e3:.0f} ms")
     print(f"{'kernel':<18}{'ms total':>10}{'calls':>8}   (prefill included)")

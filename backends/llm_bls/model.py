@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from tritonllm import contract as C  # noqa: E402
 from tritonllm.errors import InnerError  # noqa: E402
+from tritonllm.lifecycle import ClientRequest, Live  # noqa: E402
 from tritonllm.llm_io import STREAMING_NEEDS_DECOUPLED, stack_rows  # noqa: E402
 from tritonllm.paths import model_parameters, model_path_param  # noqa: E402
 from tritonllm.serving import triton_kit as K  # noqa: E402
@@ -62,20 +63,15 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WATCH_PERIOD_S = 0.05
 
 
-class _Job:
-    """One client request: its sender and what its rows have done (guarded by the model's lock)."""
-
-    __slots__ = ("sender", "triton_id", "rows", "cancelled", "answered", "pending", "done", "timeout_us", "start")
+class _Job(ClientRequest):
+    """One client request (lifecycle.ClientRequest: sender, client_id = its Triton request id, pending sequences,
+    cancelled, answered; under ``Live.lock``) and what its rows have done."""
 
     def __init__(self, sender, rows, triton_id="", timeout_us=0):
-        self.sender = sender
-        self.triton_id = triton_id
+        super().__init__(sender, triton_id, pending=rows)  # a row counts 1 until it knows its n
         self.timeout_us = timeout_us    # the client's Triton timeout (0: none), the engine's deadline
         self.start = time.monotonic()
         self.rows = []          # its _Row objects (a `stop` request stops their engine requests)
-        self.cancelled = False  # set by the watcher thread when the client cancels
-        self.answered = False   # the final response went out: nothing more may be sent
-        self.pending = rows     # sequences not finished yet (a row counts 1 until it knows its n)
         self.done = [None] * rows  # unary: each row's final arrays
 
 
@@ -111,8 +107,7 @@ class TritonPythonModel:
         self.pre_outputs = [t.name for t in C.PREPROCESSING_OUTPUTS]
         self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_inflight_requests") or 64),
                                        thread_name_prefix="bls")
-        self.jobs: set[_Job] = set()
-        self.lock = threading.Lock()
+        self.live = Live()  # unanswered client requests; its lock also orders every send (see _send)
         self.ids = itertools.count()
         # Inner request ids: unique across instances (each is its own process) and numeric, because
         # NVIDIA's tensorrtllm backend (GPU profile) reads request ids as integers for `stop`.
@@ -135,8 +130,7 @@ class TritonPythonModel:
                 continue
             job = _Job(sender, len(rows), request.request_id(), K.timeout_us(request))
             job.rows = [_Row(job, i, str(self.id_base + next(self.ids))) for i in range(len(rows))]
-            with self.lock:
-                self.jobs.add(job)
+            self.live.add(job)
             for row, row_arrays in zip(job.rows, rows):
                 self.pool.submit(self._run, row, row_arrays, row.index if len(rows) > 1 else None)
         return None
@@ -155,7 +149,7 @@ class TritonPythonModel:
                 raise InvalidInput(why)
             n = req.num_return_sequences
             if n > 1:  # before any of this row's sequences can finish: the job's final flag waits for all
-                with self.lock:
+                with self.live.lock:
                     row.job.pending += n - 1
             pre = self._preprocess(req)
             prompt = B.prompt_ids(pre)
@@ -257,10 +251,7 @@ class TritonPythonModel:
         is answered CANCELLED too, as NVIDIA's model answers it."""
         if not triton_id:
             raise InvalidInput(LT.NO_ID_MESSAGE)
-        with self.lock:
-            targets = [job for job in self.jobs if job.triton_id == triton_id and not job.answered]
-            for job in targets:
-                job.cancelled = True
+        targets = self.live.with_id(triton_id, cancel=True)
         for job in targets:  # unary rows block in exec(): stop their engine requests (decoupled ones too)
             for row in job.rows:
                 if not row.finished:
@@ -273,9 +264,8 @@ class TritonPythonModel:
         leaves after every other sequence's answer."""
         job = row.job
         row.finished = row_done
-        with self.lock:
-            job.pending -= 1
-            last = job.pending == 0
+        with self.live.lock:
+            last = self.live.end_locked(job)
             if not self.decoupled:
                 job.done[row.index] = chunk.arrays()
                 if last:
@@ -298,15 +288,12 @@ class TritonPythonModel:
         """Send a response (None: flag only), never after the final one. Under the lock shared with the
         watcher: Triton frees the response factory after the final flag, and `is_cancelled()` on a freed
         factory crashes the server (seen on 2.51: SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled)."""
-        with self.lock:
+        with self.live.lock:
             self._send_locked(job, response, flags)
 
     def _send_locked(self, job, response, flags):
-        if job.answered:
+        if job.answered or (flags == FINAL and not self.live.close_locked(job)):
             return
-        if flags == FINAL:
-            job.answered = True
-            self.jobs.discard(job)
         if response is None:
             job.sender.send(flags=flags)
         else:
@@ -318,11 +305,9 @@ class TritonPythonModel:
     # ---- cancellation ------------------------------------------------------------------------------
     def _watch_cancellations(self):
         # Flags only: the workers that own the job's rows stop their engine requests on the next response.
+        # Live asks only unanswered requests, under the lock every send takes (see _send).
         while not self.closing.wait(WATCH_PERIOD_S):
-            with self.lock:  # see _send: never ask a sender that has sent its final response
-                for job in self.jobs:
-                    if not job.cancelled and not job.answered and job.sender.is_cancelled():
-                        job.cancelled = True
+            self.live.cancelled(lambda sender: sender.is_cancelled())
 
     def finalize(self):
         self.closing.set()

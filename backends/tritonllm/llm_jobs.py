@@ -21,15 +21,14 @@ read from their source):
   (its other rows are aborted) with one final error reply.
 
 Invariants: a job gets exactly one final reply and nothing after it; a job leaves the registry before
-its final reply is handed out (so nobody asks a freed response sender whether it was cancelled).
-Threads: ``add`` (executing thread), ``on_output`` (one responder thread), ``cancelled`` / ``rows_of``
-(watcher, stop requests) may run concurrently; the registry is guarded by one lock.
+its final reply is handed out (so nobody asks a freed response sender whether it was cancelled): both are
+``lifecycle.Live``'s, as in the BLS. Threads: ``add`` (executing thread), ``on_output`` (one responder thread),
+``cancelled`` / ``rows_of`` (watcher, stop requests) may run concurrently; everything is guarded by ``Live.lock``.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .engine.request import RequestOutput, SamplingParams
-from .lifecycle import Sequences
+from .lifecycle import ClientRequest, Live, Sequences
 from .llm_io import ParsedBatch, ParsedRequest, response_arrays, stack_rows
 
 INTERNAL, CANCELLED = "INTERNAL", "CANCELLED"
@@ -63,14 +62,12 @@ class Finished:
 
 
 @dataclass(eq=False)
-class Job:
-    sender: Any
-    triton_id: str
-    decoupled: bool
+class Job(ClientRequest):
+    """One Triton request (client_id: its Triton request id, for NVIDIA's ``stop``); pending counts its rows'
+    sequences, ``cancelled`` is set by the watcher (aborts are then answered CANCELLED)."""
+    decoupled: bool = True
     rows: list["Row"] = field(default_factory=list)  # every sequence of every batch row
     batch_size: int = 1
-    pending: int = 0
-    cancelled: bool = False      # set by the watcher: aborts are answered CANCELLED
     done: list[dict[str, np.ndarray] | None] = field(default_factory=list)  # unary: each row's arrays
     outputs: frozenset[str] | None = None  # the outputs the caller asked for (None: every one we make)
 
@@ -121,8 +118,8 @@ def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
 class Jobs:
     def __init__(self, stream_interval: int = 1) -> None:
         self.stream_interval = stream_interval
-        self._lock = threading.Lock()
-        self._rows: dict[str, Row] = {}
+        self.live = Live()
+        self._rows: dict[str, Row] = {}  # engine id -> its row, under live.lock
         self._ids = itertools.count()
 
     def add(self, sender, triton_id: str, batch: ParsedBatch, decoupled: bool, detokenizer=None,
@@ -130,8 +127,8 @@ class Jobs:
         """``detokenizer``: a factory of IncrementalDetokenizer when the caller asked for ``text_output``
         (each row then answers its text too, as the postprocessing step would). ``outputs``: the names the
         caller asked for; replies carry only those (an ensemble step asks for the ones it maps)."""
-        job = Job(sender, triton_id, decoupled, batch_size=len(batch.rows), outputs=outputs)
-        with self._lock:
+        job = Job(sender, triton_id, decoupled=decoupled, batch_size=len(batch.rows), outputs=outputs)
+        with self.live.lock:
             for i, parsed in enumerate(batch.rows):  # each row: its sequences (lifecycle: seeds, shared prompt)
                 seqs = Sequences.of(parsed.params, parsed.num_sequences, lambda: str(next(self._ids)))
                 for seq, (rid, params) in enumerate(zip(seqs.ids, seqs.params)):
@@ -140,45 +137,43 @@ class Jobs:
             job.pending = len(job.rows)
             job.done = [None] * len(job.rows)
             self._rows.update((row.rid, row) for row in job.rows)
+        self.live.add(job)
         return job
 
     def forget(self, job: Job) -> None:
         """Drop a job whose rows never reached the engine (its submission was refused)."""
-        with self._lock:
+        with self.live.lock:
             for row in job.rows:
                 self._rows.pop(row.rid, None)
+            self.live.close_locked(job)  # its answer is the refusal the caller sends
 
     def rows_of(self, triton_id: str) -> list[str]:
         """Engine ids of the unfinished rows of every job with this Triton request id (NVIDIA's ``stop``)."""
-        if not triton_id:
-            return []
-        with self._lock:
-            return [rid for rid, row in self._rows.items() if row.job.triton_id == triton_id]
+        jobs = self.live.with_id(triton_id)
+        with self.live.lock:
+            return [row.rid for job in jobs for row in job.rows if row.rid in self._rows]
 
     def cancelled(self, is_cancelled) -> list[str]:
         """Marks jobs whose client cancelled (``is_cancelled(sender)``); their rows' engine ids, to abort."""
-        with self._lock:
-            jobs = {row.job for row in self._rows.values() if not row.job.cancelled}
-            hit = [job for job in jobs if is_cancelled(job.sender)]
-            for job in hit:
-                job.cancelled = True
+        hit = self.live.cancelled(is_cancelled)
+        with self.live.lock:
             return [row.rid for job in hit for row in job.rows if row.rid in self._rows]
 
     def __len__(self) -> int:
-        with self._lock:
+        with self.live.lock:
             return len(self._rows)
 
     # ---- responder thread --------------------------------------------------------------------------
     def on_output(self, out: RequestOutput) -> tuple[list[Reply], list[str], Finished | None]:
         """(replies to send in order, engine ids to abort, the row's figures if it finished normally)."""
-        with self._lock:
+        with self.live.lock:
             row = self._rows.get(out.request_id)
             if row is None:
                 return [], [], None
             job = row.job
             if out.finished:
                 del self._rows[out.request_id]
-                job.pending -= 1
+                self.live.end_locked(job)
             failed = out.error is not None or (out.finish_reason == "abort" and job.cancelled)
             others = []
             if failed:  # the whole job ends now: its other rows leave the registry, then get aborted
@@ -186,6 +181,8 @@ class Jobs:
                 for rid in others:
                     del self._rows[rid]
                 job.pending = 0
+            if job.pending == 0:  # its final reply is handed out below: it leaves the registry first
+                self.live.close_locked(job)
         if out.new_token_ids:
             row.num_out += len(out.new_token_ids)
             if row.first_token is None:

@@ -166,6 +166,27 @@ def test_guided_json_through_the_ensemble(triton_server):
         s.close()
 
 
+def test_guided_decoding_on_tensorrt_llm_itself(triton_server):
+    """The same guide tensors straight to tensorrt_llm (token ids in and out): every output is in the language."""
+    from clients.triton_llm import default_tokenizer_dir
+    from dynamo_helpers import prompt_ids
+    from tritonllm.model_files import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(default_tokenizer_dir())
+    s = Stream(triton_server.grpc_url)
+    try:
+        for prompt in ("My favourite colour is", "The sky is"):
+            chunks, err = s.run("tensorrt_llm", _ids_request(
+                prompt_ids(prompt), 8, guided_decoding_guide_type=np.array([["regex"]], object),
+                guided_decoding_guide=np.array([["(red|green|blue)!"]], object),
+                end_id=np.array([[tok.eos_token_id]], np.int32)))
+            assert err is None, err
+            ids = [int(t) for c in chunks for t in c["output_ids"].reshape(-1)]
+            assert tok.decode(ids, skip_special_tokens=True) in ("red!", "green!", "blue!"), ids
+    finally:
+        s.close()
+
+
 def test_metrics_move_and_cancellation_frees_kv(triton_server):
     before = _settled_metrics(triton_server)
     s = Stream(triton_server.grpc_url)

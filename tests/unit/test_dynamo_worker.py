@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tritonllm.dynamo import launch
-from tritonllm.dynamo.engine import fold64, parse_args, request_params
+from tritonllm.dynamo.engine import dynamo_priority, fold64, parse_args, request_params
 from tritonllm.engine.kv_cache import BlockPool, block_hash
 from tritonllm.engine.kv_manager import KVCacheManager
 from tritonllm.engine.request import InvalidRequest
@@ -100,3 +100,15 @@ def test_n_and_guided_decoding_map_as_triton_serves_them():
                          ({"choice": ["yes", "no."]}, ("regex", "yes|no\\.")),
                          ({"grammar": 'root ::= "a"'}, ("ebnf_grammar", 'root ::= "a"'))):
         assert request_params({"sampling_options": {"guided_decoding": guided}}).guide == want, guided
+
+
+def test_dynamos_priority_keeps_its_order_on_tensorrt_llms_scale():
+    values = [-2**31, -1000, -2, -1, 0, 1, 2, 1000, 2**31 - 1]
+    mapped = [dynamo_priority(v) for v in values]
+    assert mapped == sorted(mapped) and len(set(mapped)) == len(mapped) and all(0 < m < 1 for m in mapped)
+    assert dynamo_priority(0) == 0.5  # Dynamo's default is TensorRT-LLM's
+    assert request_params({"routing": {"priority": 3}}).priority == dynamo_priority(3)
+    assert request_params({"routing": {}}).priority == 0.5
+    for bad in (2**31, 1.5, "1", True):
+        with pytest.raises(InvalidRequest, match="priority"):
+            request_params({"routing": {"priority": bad}})

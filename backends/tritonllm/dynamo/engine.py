@@ -10,6 +10,7 @@ Invariants:
   set to anything but their neutral value, are refused with ``InvalidArgument`` naming the option.
 - ``abort`` (client gone, request cancelled) aborts the engine requests at once, which frees their KV
   blocks; the stream then ends with ``finish_reason: cancelled``.
+- Dynamo's request priority (routing.priority) orders admission as TensorRT-LLM's priority does (``dynamo_priority``).
 - ``n`` (OpenAI's, sampling_options.n) and guided decoding (sampling_options.guided_decoding: json, regex, choice,
   grammar) are served as Triton serves num_return_sequences and guided_decoding_guide: the same sequence rule
   (``lifecycle.Sequences``) and the same guide conversion (``guides.vllm_guide``).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import queue
 import threading
@@ -40,7 +42,7 @@ from ..errors import InvalidInput
 from ..contract import MAX_RETURN_SEQUENCES
 from ..guides import vllm_guide
 from ..engine.runner import EngineRunner
-from ..lifecycle import Sequences
+from ..lifecycle import ClientRequest, Live, Sequences
 from ..model_files import hf_folder
 from .disagg import KVHandoff
 from .settings import engine_settings
@@ -91,6 +93,9 @@ def request_params(request: dict) -> SamplingParams:
         if not isinstance(guided, dict):
             raise InvalidRequest("guided_decoding must be an object")
         p.guide = vllm_guide(**{k: v for k, v in guided.items() if k not in GUIDE_NEUTRAL})
+    priority = (request.get("routing") or {}).get("priority")
+    if priority is not None:
+        p.priority = dynamo_priority(priority)
     if sc.get("ignore_eos"):
         p.end_id = -1
     # EOS ids arrive here too; other hidden stop ids become one-token stop words.
@@ -99,6 +104,15 @@ def request_params(request: dict) -> SamplingParams:
     p.top_logprobs = int(oo.get("logprobs") or 0)  # Dynamo's count of alternatives (OpenAI's top_logprobs)
     p.verify()  # refused here, naming the field, before the request reaches the engine thread
     return p
+
+
+def dynamo_priority(value) -> float:
+    """Dynamo's request priority (``nvext.agent_hints.priority`` -> ``routing.priority``: an int32, higher served
+    first, 0 by default; its vLLM worker negates it for vLLM's lower-first queue) onto TensorRT-LLM's [0, 1], higher
+    admitted first, 0.5 by default: 0.5 + atan(p) / pi keeps every order between two values and maps 0 to 0.5."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**31:
+        raise InvalidRequest(f"priority must be a 32-bit integer, got {value!r}")
+    return 0.5 + math.atan(value) / math.pi
 
 
 def sequence_count(request: dict) -> int:
@@ -130,7 +144,7 @@ class DynamoWorker:
         self.engine: OurEngine | None = None
         self.runner: EngineRunner | None = None
         self._streams: dict[str, asyncio.Queue] = {}  # engine id -> its request's queue
-        self._groups: dict[str, Sequences] = {}        # Dynamo request id -> its sequences
+        self._live = Live()  # Dynamo requests streaming now (client_id: Dynamo's id; sender: their Sequences)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -183,7 +197,7 @@ class DynamoWorker:
 
         rid = context.id()
         prompt = list(request.get("token_ids") or [])
-        seqs = None
+        seqs, live = None, None
         try:
             params = request_params(request)
             n = 1 if self.mode == "prefill" else sequence_count(request)  # a prefill worker computes the prompt once
@@ -200,12 +214,14 @@ class DynamoWorker:
             q: asyncio.Queue = asyncio.Queue()
             for eid in seqs.ids:
                 self._streams[eid] = q
-            self._groups[rid] = seqs
+            live = ClientRequest(seqs, rid, pending=n)
+            self._live.add(live)
             self.runner.submit_all(seqs.submissions(prompt))
         except (InvalidInput, QueueFull) as e:  # InvalidRequest is an InvalidInput
             for eid in (seqs.ids if seqs else []):
                 self._streams.pop(eid, None)
-            self._groups.pop(rid, None)
+            if live is not None:
+                self._live.close(live)
             self._prefills.pop(rid, None)
             raise (InvalidArgument if isinstance(e, InvalidInput) else Unknown)(str(e)) from None
         completion, ends = [0] * n, []
@@ -243,7 +259,7 @@ class DynamoWorker:
         finally:
             for eid in seqs.ids:
                 self._streams.pop(eid, None)
-            self._groups.pop(rid, None)
+            self._live.close(live)
             self._exports.pop(rid, None)
             if self.runner is not None:
                 for eid in seqs.unfinished():  # the client left mid-stream: free the KV blocks now
@@ -272,10 +288,10 @@ class DynamoWorker:
             log.warning("KV handoff not installed: %s", e)
 
     async def abort(self, context) -> None:
-        seqs = self._groups.get(context.id())
-        if self.runner is not None and seqs is not None:
-            for eid in seqs.unfinished():
-                self.runner.abort(eid)
+        for live in self._live.with_id(context.id(), cancel=True):
+            if self.runner is not None:
+                for eid in live.sender.unfinished():
+                    self.runner.abort(eid)
 
     # ---- KV events and load --------------------------------------------------------------------
     async def kv_event_sources(self):

