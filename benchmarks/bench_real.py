@@ -135,7 +135,7 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def table(results: dict, formats: list[str], activations: list[str], bounds: dict) -> str:
-    lines = [f"{'format':<8}{'engine':<14}{'decode tok/s':>20}{'prefill 512':>20}{'batch 16':>20}{'bound':>8}"]
+    lines = [f"{'format':<8}{'engine':<11}{'decode tok/s':>26}{'prefill 512':>26}{'batch 16':>26}{'bound':>8}"]
     for kind in formats:
         peer = results[kind]["llama.cpp"]
         for name in ["llama.cpp"] + [f"ours {a}" for a in activations]:
@@ -146,9 +146,9 @@ def table(results: dict, formats: list[str], activations: list[str], bounds: dic
                 cell = f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
                 if name != "llama.cpp":
                     cell += f" {s['median'] / peer[fig]['median']:.2f}x"
-                cells.append(f"{cell:>20}")
+                cells.append(f"{cell:>26}")
             bound = f"{bounds['read_GBps'] * 1e9 / results[kind]['decode_bytes']:>8.0f}"
-            lines.append(f"{kind:<8}{name:<14}{''.join(cells)}{bound if name == 'llama.cpp' else ''}")
+            lines.append(f"{kind:<8}{name:<11}{''.join(cells)}{bound if name == 'llama.cpp' else ''}")
     return "\n".join(lines)
 
 

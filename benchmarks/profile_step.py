@@ -56,9 +56,9 @@ def attach(model, timed: Timed) -> None:
         for name in ("qkv", "o", "gate_up", "down"):
             weight = getattr(layer, name)
             if getattr(weight, "native", None) is not None:
-                weight.use_kernels(timed)
+                weight.use_kernels(timed, weight.int8_activations)
     if getattr(model.lm_head, "native", None) is not None:
-        model.lm_head.use_kernels(timed)
+        model.lm_head.use_kernels(timed, model.lm_head.int8_activations)
 
 
 def run(engine, batch: int, prompt_len: int, new: int) -> list[float]:
