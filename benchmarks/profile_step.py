@@ -52,6 +52,7 @@ class Timed:
 
 def attach(model, timed: Timed) -> None:
     model.native = timed
+    model.decode_stack = None  # the per-layer path, so that each kernel is timed (the fused step calls them in C++)
     for layer in model.layers:
         for name in ("qkv", "o", "gate_up", "down"):
             weight = getattr(layer, name)

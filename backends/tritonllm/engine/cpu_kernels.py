@@ -35,7 +35,8 @@ MODES = BY_PARAM["cpu_kernels"].allowed  # auto | native | torch (engine/knobs.p
 STALE_LOCK_S = 600  # a build takes ~60 s; a lock this old belongs to a killed build
 MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_kernels: 0.9x at M = 128)
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp", "qgemm_cpu.cpp")]
+SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp", "qgemm_cpu.cpp",
+                                            "decode_cpu.cpp")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 
 

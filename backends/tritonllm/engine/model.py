@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_kernels as native_kernels
+from . import fused_decode
 from .fp8 import FP8Weight, wants_scaled_mm
 from .kv_quant import load, store
 from .quant import Int4Weight, Int8Weight, RowStack, quantize
@@ -142,6 +143,7 @@ class Transformer:
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
         self.scale = spec.head_dim ** -0.5
+        self.decode_stack = fused_decode.build(self)  # every layer of a decode step in one native call
 
     def _quantized(self) -> list:
         """Every weight held as codes and scales (each prepares its own native form)."""
@@ -172,7 +174,13 @@ class Transformer:
         cos2, sin2 = self.rope(positions)
         cos, sin = cos2[:, None, :], sin2[:, None, :]
         T = input_ids.shape[0]
-        for li, layer in enumerate(self.layers):
+        if self.decode_stack is not None and fused_decode.applies(meta, T, kv_k):
+            self.decode_stack.run(h, kv_k, kv_v, cos2, sin2, meta.slot_mapping, meta.decode_rows, meta.decode_gather,
+                                  meta.decode_lo, meta.decode_hi)
+            layers = ()
+        else:
+            layers = self.layers
+        for li, layer in enumerate(layers):
             x = self._norm(h, layer.ln1)
             qkv = linear(x, layer.qkv, layer.qkv_b)
             if meta.lora:

@@ -16,7 +16,8 @@
 #include <cmath>
 #include <vector>
 
-namespace {
+// Named (not anonymous): decode_cpu.cpp calls the entry points declared in kernels.h.
+namespace tk_attention {
 
 using tritonllm::exp8;
 using tritonllm::hsum;
@@ -169,7 +170,8 @@ void decode_attention(const torch::Tensor& qkv, const torch::Tensor& kc, const t
   });
 }
 
-}  // namespace
+}  // namespace tk_attention
+using namespace tk_attention;
 
 void register_attention(pybind11::module& m) {
   m.def("rope_store", &rope_store, "in-place RoPE of q, k heads in qkv; k, v into the paged cache",

@@ -12,7 +12,8 @@
 
 #include "vec_avx2.h"
 
-namespace {
+// Named (not anonymous): decode_cpu.cpp calls the entry points declared in kernels.h.
+namespace tk_elementwise {
 
 using tritonllm::exp8;
 using tritonllm::hsum;
@@ -95,7 +96,8 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
   return y;
 }
 
-}  // namespace
+}  // namespace tk_elementwise
+using namespace tk_elementwise;
 
 void register_elementwise(pybind11::module& m) {
   m.def("rms_norm", &rms_norm, "w * x / sqrt(mean(x^2) + eps) per row",

@@ -14,7 +14,8 @@
 #include "vec_avx2.h"
 #include <immintrin.h>
 
-namespace {
+// Named (not anonymous): decode_cpu.cpp calls the entry points declared in kernels.h.
+namespace tk_gemm {
 
 using tritonllm::hsum;
 
@@ -87,11 +88,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
   return y;
 }
 
-}  // namespace
+}  // namespace tk_gemm
+using namespace tk_gemm;
 
 void register_attention(pybind11::module& m);    // attention_cpu.cpp
 void register_elementwise(pybind11::module& m);  // elementwise_cpu.cpp
 void register_qgemm(pybind11::module& m);        // qgemm_cpu.cpp
+void register_decode(pybind11::module& m);       // decode_cpu.cpp
 
 // Every function is bound with the GIL released (call_guard), as torch's own operators are: a step's
 // kernels hold no Python lock, so the serving process's other Python threads (Triton's request thread, the
@@ -100,6 +103,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_attention(m);
   register_elementwise(m);
   register_qgemm(m);
+  register_decode(m);
   m.def("linear", &linear, "y = x W^T (+ b), fp32, AVX2 + FMA", pybind11::arg("x"), pybind11::arg("w"),
         pybind11::arg("b") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -26,7 +26,8 @@
 #include <vector>
 #include "vec_avx2.h"
 
-namespace {
+// Named (not anonymous): decode_cpu.cpp calls the entry points declared in kernels.h.
+namespace tk_qgemm {
 
 using tritonllm::hsum;
 constexpr int QK = 32;
@@ -536,7 +537,8 @@ torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const to
   return y;
 }
 
-}  // namespace
+}  // namespace tk_qgemm
+using namespace tk_qgemm;
 
 void register_qgemm(pybind11::module& mod) {
   // every argument positional: m and b may be None (quant.py passes them all)
