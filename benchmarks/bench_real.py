@@ -20,6 +20,10 @@ within each round (llama.cpp, then ours, per format) over ``--rounds`` rounds, a
 median with its min-max spread; a ratio is median over median. The bandwidth bound of a format is the machine's
 measured read bandwidth over the bytes a decode step reads (every layer matrix and the output matrix as loaded).
 
+Prompt lookup (``--skip-lookup`` to leave out): the same model on extractive work (asked through its chat template
+to copy a passage, to fix its spelling, to answer from it as context), 96 greedy tokens with and without
+prompt-lookup drafts (max_draft_len 4), best of 2, with the drafts' acceptance.
+
 Results: build/bench/real/results.json, plot build/bench/real/real.png (ratios per format, the targets drawn).
 """
 from __future__ import annotations
@@ -129,6 +133,58 @@ def our_figures(engine: LLMEngine, vocab: int) -> dict[str, float]:
     return {"decode": decode, "prefill": prefill, "batch16": n / total}
 
 
+# ---- prompt lookup on extractive work -----------------------------------------------------------------------
+PASSAGE = ("The Triton Inference Server provides a cloud and edge inferencing solution optimized for both CPUs and "
+           "GPUs. It supports an HTTP/REST and GRPC protocol that allows remote clients to request inferencing for "
+           "any model being managed by the server. For edge deployments, Triton is available as a shared library "
+           "with a C API that allows the full functionality of Triton to be included directly in an application.")
+LOOKUP_TASKS = {
+    "copy": f"Repeat the following text exactly, word for word:\n\n{PASSAGE}",
+    "fix": "Correct the spelling in this text and return the whole text: "
+           + PASSAGE.replace("the", "teh").replace("server", "servr"),
+    "answer from context": f"Context: {PASSAGE}\n\nUsing the context, explain what Triton provides and which "
+                           "protocols it supports.",
+}
+
+
+def lookup_rows(gguf: Path, activations: list[str], threads: int) -> list[dict]:
+    from tritonllm.model_files import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(gguf)
+    rows = []
+    for act in activations:
+        for draft in (0, 4):
+            engine = LLMEngine(str(gguf), EngineConfig(max_kv_tokens=4096, num_threads=threads,
+                                                       activation_quantization=act, max_draft_len=draft))
+            for task, content in LOOKUP_TASKS.items():
+                text = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                               tokenize=False)
+                prompt = tok(text, add_special_tokens=False).input_ids
+                best = {"rate": 0.0}
+                for r in range(2):
+                    d0, a0 = engine.stats.draft_tokens, engine.stats.accepted_draft_tokens
+                    engine.add_request(f"{task}{r}", prompt, SamplingParams(max_tokens=96, end_id=-1))
+                    engine.step()  # the prompt
+                    n, _, total = _finish(engine)
+                    if n / total > best["rate"]:
+                        best = {"rate": n / total, "accepted": engine.stats.accepted_draft_tokens - a0,
+                                "drafted": engine.stats.draft_tokens - d0}
+                rows.append({"activations": act, "max_draft_len": draft, "task": task, **best})
+                log(f"lookup {act} draft {draft} {task}: {best['rate']:.1f} tok/s")
+    return rows
+
+
+def lookup_table(rows: list[dict]) -> str:
+    base = {(r["activations"], r["task"]): r["rate"] for r in rows if r["max_draft_len"] == 0}
+    lines = [f"{'activations':<12}{'task':<22}{'off tok/s':>10}{'lookup tok/s':>14}{'speed-up':>10}{'accepted':>12}"]
+    for r in rows:
+        if r["max_draft_len"]:
+            off = base[r["activations"], r["task"]]
+            lines.append(f"{r['activations']:<12}{r['task']:<22}{off:>10.1f}{r['rate']:>14.1f}{r['rate'] / off:>9.2f}x"
+                         f"{r['accepted']:>6}/{r['drafted']}")
+    return "\n".join(lines)
+
+
 # ---- report ------------------------------------------------------------------------------------------------
 def summary(samples: list[float]) -> dict[str, float]:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
@@ -179,6 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--activations", default="none,int8")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-lookup", action="store_true", help="no prompt-lookup rows")
     ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "real"))
     args = ap.parse_args(argv)
     formats, activations = args.formats.split(","), args.activations.split(",")
@@ -210,9 +267,13 @@ def main(argv=None) -> int:
     print(f"\nSmolLM2-135M-Instruct, {args.threads} threads, {args.rounds} alternating rounds; median (min-max) tok/s, "
           f"ratio = ours / llama.cpp; bound = read bandwidth {bounds['read_GBps']:.1f} GB/s / bytes per decode step")
     print(table(results, formats, activations, bounds))
+    lookups = [] if args.skip_lookup else lookup_rows(files[formats[0]], activations, args.threads)
+    if lookups:
+        print(f"\nprompt lookup ({formats[0]}, max_draft_len 4, 96 greedy tokens, best of 2):")
+        print(lookup_table(lookups))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "machine": bounds, "results": results,
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "machine": bounds, "results": results, "lookup": lookups,
                                                   "files": {k: str(v) for k, v in files.items()}}, indent=2))
     plot(results, formats, activations, out / "real.png")
     print(f"results: {out / 'results.json'}, plot: {out / 'real.png'}")
