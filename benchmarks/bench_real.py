@@ -22,7 +22,9 @@ measured read bandwidth over the bytes a decode step reads (every layer matrix a
 
 Prompt lookup (``--skip-lookup`` to leave out): the same model on extractive work (asked through its chat template
 to copy a passage, to fix its spelling, to answer from it as context), 96 greedy tokens with and without
-prompt-lookup drafts (max_draft_len 4), best of 2, with the drafts' acceptance.
+prompt-lookup drafts (max_draft_len 4), best of 2, with the drafts' acceptance; beside it llama.cpp's own lookup
+decoding, ``llama-lookup --spec-draft-n-max 4`` on the same templated prompt (its example target, built into the
+vendored build the first time: ``-DLLAMA_BUILD_EXAMPLES=ON``, one more target), its "decoded" tokens / s.
 
 Results: build/bench/real/results.json, plot build/bench/real/real.png (ratios per format, the targets drawn).
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -174,14 +177,56 @@ def lookup_rows(gguf: Path, activations: list[str], threads: int) -> list[dict]:
     return rows
 
 
-def lookup_table(rows: list[dict]) -> str:
+LLAMA_LOOKUP = os.path.join(setup_envs.LLAMACPP_LIB, "llama-lookup")
+
+
+def llama_lookup_rows(gguf: Path) -> dict[str, dict]:
+    """llama.cpp's lookup decoding on each task: {task: {rate, accepted, drafted}} (empty when it cannot build)."""
+    from tritonllm.model_files import load_hf_tokenizer
+
+    if not os.path.exists(LLAMA_LOOKUP):
+        vendored = os.path.join(setup_envs.LLAMACPP_SRC, "vendor", "llama.cpp")
+        logf = str(ROOT / "build" / "peers" / "llama-lookup-build.log")
+        try:
+            setup_envs.run_logged(["cmake", "-S", vendored, "-B", setup_envs.LLAMACPP_BUILD, "-DLLAMA_BUILD_EXAMPLES=ON"],
+                                  logf, "llama.cpp: configure with its examples")
+            setup_envs.run_logged(["cmake", "--build", setup_envs.LLAMACPP_BUILD, "--target", "llama-lookup", "-j",
+                                   str(os.cpu_count() or 2)], logf, "llama.cpp: compiling llama-lookup")
+        except Exception as e:  # the rest of the benchmark stands without it
+            log(f"llama-lookup not built ({e}): its rows are left out")
+            return {}
+    tok = load_hf_tokenizer(gguf)
+    env = dict(os.environ, LD_LIBRARY_PATH=setup_envs.LLAMACPP_LIB)
+    rows = {}
+    for task, content in LOOKUP_TASKS.items():
+        text = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                       tokenize=False)
+        p = subprocess.run([LLAMA_LOOKUP, "-m", str(gguf), "-p", text, "-n", "96", "--spec-draft-n-max", "4", "-t", "2",
+                            "-tb", "2", "--temp", "0", "-c", "2048", "--ignore-eos"], capture_output=True, text=True,
+                           env=env, timeout=600)
+        out = p.stdout + p.stderr
+        found = {k: re.search(pattern, out) for k, pattern in (("rate", r"decoded\s+\d+ tokens in .*speed:\s+([\d.]+)"),
+                                                              ("drafted", r"n_drafted\s*=\s*(\d+)"),
+                                                              ("accepted", r"n_accept\s*=\s*(\d+)"))}
+        if p.returncode != 0 or not all(found.values()):
+            log(f"llama-lookup {task}: no figures (exit {p.returncode}): {out[-300:]}")
+            continue
+        rows[task] = {k: float(m.group(1)) for k, m in found.items()}
+        log(f"llama-lookup {task}: {rows[task]['rate']:.1f} tok/s")
+    return rows
+
+
+def lookup_table(rows: list[dict], peer: dict[str, dict]) -> str:
     base = {(r["activations"], r["task"]): r["rate"] for r in rows if r["max_draft_len"] == 0}
-    lines = [f"{'activations':<12}{'task':<22}{'off tok/s':>10}{'lookup tok/s':>14}{'speed-up':>10}{'accepted':>12}"]
+    lines = [f"{'activations':<12}{'task':<22}{'off tok/s':>10}{'lookup tok/s':>14}{'speed-up':>10}{'accepted':>10}"
+             f"{'llama-lookup':>14}{'accepted':>10}{'ours/it':>9}"]
     for r in rows:
         if r["max_draft_len"]:
-            off = base[r["activations"], r["task"]]
+            off, it = base[r["activations"], r["task"]], peer.get(r["task"])
+            theirs = (f"{it['rate']:>14.1f}{int(it['accepted']):>6}/{int(it['drafted'])}{r['rate'] / it['rate']:>8.2f}x"
+                      if it else f"{'-':>14}")
             lines.append(f"{r['activations']:<12}{r['task']:<22}{off:>10.1f}{r['rate']:>14.1f}{r['rate'] / off:>9.2f}x"
-                         f"{r['accepted']:>6}/{r['drafted']}")
+                         f"{r['accepted']:>6}/{r['drafted']}{theirs}")
     return "\n".join(lines)
 
 
@@ -268,12 +313,14 @@ def main(argv=None) -> int:
           f"ratio = ours / llama.cpp; bound = read bandwidth {bounds['read_GBps']:.1f} GB/s / bytes per decode step")
     print(table(results, formats, activations, bounds))
     lookups = [] if args.skip_lookup else lookup_rows(files[formats[0]], activations, args.threads)
+    peer_lookups = {} if args.skip_lookup else llama_lookup_rows(files[formats[0]])
     if lookups:
-        print(f"\nprompt lookup ({formats[0]}, max_draft_len 4, 96 greedy tokens, best of 2):")
-        print(lookup_table(lookups))
+        print(f"\nprompt lookup ({formats[0]}, max_draft_len 4, 96 greedy tokens, best of 2; llama-lookup: its "
+              "decoded tokens / s):")
+        print(lookup_table(lookups, peer_lookups))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "machine": bounds, "results": results, "lookup": lookups,
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "machine": bounds, "results": results, "lookup": lookups, "llama_lookup": peer_lookups,
                                                   "files": {k: str(v) for k, v in files.items()}}, indent=2))
     plot(results, formats, activations, out / "real.png")
     print(f"results: {out / 'results.json'}, plot: {out / 'real.png'}")
