@@ -48,7 +48,7 @@ def test_block_hashes_fold_to_signed_64_bits():
 def test_the_pool_reports_stored_blocks_with_their_tokens_and_parent_and_removes_reused_ones():
     events = []
     pool = BlockPool(2)
-    KVCacheManager(pool, 2).subscribe(events.append)  # what the worker's engine.subscribe_kv_events does
+    KVCacheManager(pool, 2).subscribe(events.append)  # what the Dynamo worker subscribes
     a, b = pool.allocate(2)
     h1 = block_hash(None, [1, 2])
     h2 = block_hash(h1, [3, 4])

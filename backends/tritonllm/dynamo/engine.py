@@ -163,7 +163,7 @@ class DynamoWorker:
         self.engine = await self._loop.run_in_executor(None, OurEngine, self.model_path, self.config)
         if self.handoff is not None:
             await self.handoff.start()
-        self.engine.subscribe_kv_events(self._events.put)  # on the engine thread
+        self.engine.kv_manager.subscribe(self._events.put)  # KV events, on the engine thread
         self.runner = EngineRunner(self.engine, self._on_output).start()
         c = self.engine.config
         return EngineConfig(model=str(hf_folder(self.model_path)), served_model_name=self.served_name, llm=LlmRegistration(
@@ -214,7 +214,7 @@ class DynamoWorker:
             q: asyncio.Queue = asyncio.Queue()
             for eid in seqs.ids:
                 self._streams[eid] = q
-            live = ClientRequest(seqs, rid, pending=n)
+            live = ClientRequest(seqs, rid)  # the last end is Sequences.end's to tell
             self._live.add(live)
             self.runner.submit_all(seqs.submissions(prompt))
         except (InvalidInput, QueueFull) as e:  # InvalidRequest is an InvalidInput
@@ -237,16 +237,16 @@ class DynamoWorker:
                 if params.top_logprobs:
                     chunk["top_logprobs"] = top_logprobs_wire(out.new_top_logprobs)
                 if out.finished:
-                    last = seqs.end(out.request_id)
+                    last, reason = seqs.end(out.request_id), FINISH.get(out.finish_reason or "stop", "stop")
                     completion[index] = out.num_output_tokens
                     if n > 1:  # Dynamo's frontend reads no tokens after the first finish it sees (any choice):
                         if chunk["token_ids"]:  # every choice's tokens go first, the finishes at the end
                             yield chunk
                         chunk = {"token_ids": [], "index": index}
                     if not last:
-                        ends.append({**chunk, "finish_reason": FINISH.get(out.finish_reason or "stop", "stop")})
+                        ends.append({**chunk, "finish_reason": reason})
                         continue
-                    chunk["finish_reason"] = FINISH.get(out.finish_reason or "stop", "stop")
+                    chunk["finish_reason"] = reason
                     chunk["completion_usage"] = self._usage(out, sum(completion), prefill_result)
                     if self.mode == "prefill":
                         chunk["disaggregated_params"] = await self.handoff.offer(self._exports.pop(rid, None))
@@ -288,10 +288,11 @@ class DynamoWorker:
             log.warning("KV handoff not installed: %s", e)
 
     async def abort(self, context) -> None:
+        if self.runner is None:
+            return
         for live in self._live.with_id(context.id(), cancel=True):
-            if self.runner is not None:
-                for eid in live.sender.unfinished():
-                    self.runner.abort(eid)
+            for eid in live.sender.unfinished():
+                self.runner.abort(eid)
 
     # ---- KV events and load --------------------------------------------------------------------
     async def kv_event_sources(self):

@@ -200,10 +200,6 @@ class LLMEngine:
     def import_prefix(self, prompt_ids: list[int], prefix: KVPrefix, lora_task_id: int | None = None) -> int:
         return import_prefix(self.kv_manager, self.kv, prompt_ids, prefix, lora_task_id)
 
-    def subscribe_kv_events(self, listener) -> None:
-        """``listener(event)`` on the engine thread for every prefix-cache change (KVCacheManager.subscribe)."""
-        self.kv_manager.subscribe(listener)
-
     # ---- one iteration ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = time.monotonic()
