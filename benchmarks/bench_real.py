@@ -105,15 +105,13 @@ def our_engine(gguf: Path, activations: str, threads: int) -> LLMEngine:
                                              num_threads=threads, activation_quantization=activations))
 
 
-def _finish(engine: LLMEngine, first_only: bool = False) -> tuple[int, float, float]:
+def _finish(engine: LLMEngine) -> tuple[int, float, float]:
     """(tokens generated, seconds to the first output, seconds in total) of the requests in the engine."""
     n, t0, first = 0, time.perf_counter(), None
     while engine.has_work():
         got = sum(len(o.new_token_ids) for o in engine.step())
         if got and first is None:
             first = time.perf_counter() - t0
-            if first_only:
-                break
         n += got
     return n, first or 0.0, time.perf_counter() - t0
 
@@ -150,6 +148,11 @@ LOOKUP_TASKS = {
 }
 
 
+def chat_prompt(tok, content: str) -> str:
+    """The task as the model's chat template renders one user turn (both engines get this text)."""
+    return tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
+
+
 def lookup_rows(gguf: Path, activations: list[str], threads: int) -> list[dict]:
     from tritonllm.model_files import load_hf_tokenizer
 
@@ -160,9 +163,7 @@ def lookup_rows(gguf: Path, activations: list[str], threads: int) -> list[dict]:
             engine = LLMEngine(str(gguf), EngineConfig(max_kv_tokens=4096, num_threads=threads,
                                                        activation_quantization=act, max_draft_len=draft))
             for task, content in LOOKUP_TASKS.items():
-                text = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                               tokenize=False)
-                prompt = tok(text, add_special_tokens=False).input_ids
+                prompt = tok(chat_prompt(tok, content), add_special_tokens=False).input_ids
                 best = {"rate": 0.0}
                 for r in range(2):
                     d0, a0 = engine.stats.draft_tokens, engine.stats.accepted_draft_tokens
@@ -188,7 +189,8 @@ def llama_lookup_rows(gguf: Path) -> dict[str, dict]:
         vendored = os.path.join(setup_envs.LLAMACPP_SRC, "vendor", "llama.cpp")
         logf = str(ROOT / "build" / "peers" / "llama-lookup-build.log")
         try:
-            setup_envs.run_logged(["cmake", "-S", vendored, "-B", setup_envs.LLAMACPP_BUILD, "-DLLAMA_BUILD_EXAMPLES=ON"],
+            setup_envs.run_logged(["cmake", "-S", vendored, "-B", setup_envs.LLAMACPP_BUILD,
+                                   "-DLLAMA_BUILD_EXAMPLES=ON"],
                                   logf, "llama.cpp: configure with its examples")
             setup_envs.run_logged(["cmake", "--build", setup_envs.LLAMACPP_BUILD, "--target", "llama-lookup", "-j",
                                    str(os.cpu_count() or 2)], logf, "llama.cpp: compiling llama-lookup")
@@ -199,11 +201,9 @@ def llama_lookup_rows(gguf: Path) -> dict[str, dict]:
     env = dict(os.environ, LD_LIBRARY_PATH=setup_envs.LLAMACPP_LIB)
     rows = {}
     for task, content in LOOKUP_TASKS.items():
-        text = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                       tokenize=False)
-        p = subprocess.run([LLAMA_LOOKUP, "-m", str(gguf), "-p", text, "-n", "96", "--spec-draft-n-max", "4", "-t", "2",
-                            "-tb", "2", "--temp", "0", "-c", "2048", "--ignore-eos"], capture_output=True, text=True,
-                           env=env, timeout=600)
+        p = subprocess.run([LLAMA_LOOKUP, "-m", str(gguf), "-p", chat_prompt(tok, content), "-n", "96",
+                            "--spec-draft-n-max", "4", "-t", "2", "-tb", "2", "--temp", "0", "-c", "2048",
+                            "--ignore-eos"], capture_output=True, text=True, env=env, timeout=600)
         out = p.stdout + p.stderr
         found = {k: re.search(pattern, out) for k, pattern in (("rate", r"decoded\s+\d+ tokens in .*speed:\s+([\d.]+)"),
                                                               ("drafted", r"n_drafted\s*=\s*(\d+)"),
@@ -320,7 +320,8 @@ def main(argv=None) -> int:
         print(lookup_table(lookups, peer_lookups))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "machine": bounds, "results": results, "lookup": lookups, "llama_lookup": peer_lookups,
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "machine": bounds, "results": results,
+                                                  "lookup": lookups, "llama_lookup": peer_lookups,
                                                   "files": {k: str(v) for k, v in files.items()}}, indent=2))
     plot(results, formats, activations, out / "real.png")
     print(f"results: {out / 'results.json'}, plot: {out / 'real.png'}")
