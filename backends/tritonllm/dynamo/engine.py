@@ -160,11 +160,15 @@ class DynamoWorker:
         if self.handoff is not None and not self.config.enable_prefix_caching:
             raise ValueError(f"--disaggregation-mode {self.mode} needs enable_kv_cache_reuse: true (the decode "
                              "worker installs the prefill worker's KV as cached prefix blocks)")
-        self.engine = await self._loop.run_in_executor(None, OurEngine, self.model_path, self.config)
+        def build() -> OurEngine:  # on the runner thread (runner.py: one thread for the engine's torch work)
+            engine = OurEngine(self.model_path, self.config)
+            engine.kv_manager.subscribe(self._events.put)  # KV events, on the engine thread
+            return engine
+
+        self.runner = await self._loop.run_in_executor(None, EngineRunner.launch, build, self._on_output)
+        self.engine = self.runner.engine
         if self.handoff is not None:
             await self.handoff.start()
-        self.engine.kv_manager.subscribe(self._events.put)  # KV events, on the engine thread
-        self.runner = EngineRunner(self.engine, self._on_output).start()
         c = self.engine.config
         return EngineConfig(model=str(hf_folder(self.model_path)), served_model_name=self.served_name, llm=LlmRegistration(
             context_length=self.engine.max_seq_len, kv_cache_block_size=c.block_size,

@@ -3,7 +3,8 @@
 ``build_engine_backend(args, params, on_output)`` reads the config parameters (NVIDIA's names where they
 exist, ``engine.config.engine_config_from_parameters``), resolves the path parameters against the model's
 directory, confined to the checkout (``paths.model_path_param``), loads ``LLMEngine`` and wraps it in an
-``EngineRunner`` (one background thread; admission, abort, shutdown and the one-final-output rule are
+``EngineRunner`` built and started on its own thread (``EngineRunner.launch``: one thread for all of the engine's
+torch work, see runner.py; admission, abort, shutdown and the one-final-output rule are
 the runner's). Iteration stats are built from the engine's last step in NVIDIA's JSON keys
 (``metrics.iteration_stats``), once per new step.
 """
@@ -28,16 +29,14 @@ def _resident_bytes() -> int:
 class EngineBackend:
     """LLMEngine + EngineRunner behind the GeneratorBackend interface."""
 
-    def __init__(self, engine: LLMEngine, on_output: OnOutput, model_path: str, default_exclude_input: bool):
-        self.engine = engine
-        self.runner = EngineRunner(engine, on_output)
+    def __init__(self, runner: EngineRunner, model_path: str, default_exclude_input: bool):
+        self.runner, self.engine = runner, runner.engine
         self.model_path = model_path
         self.default_exclude_input = default_exclude_input
         self._last_iteration = -1
 
     def start(self) -> "EngineBackend":
-        self.runner.start()
-        return self
+        return self  # the runner runs since it built the engine
 
     def submit_all(self, requests) -> None:
         self.runner.submit_all(requests)
@@ -85,4 +84,5 @@ def build_engine_backend(args: dict, params: dict[str, str], on_output: OnOutput
     engine_config.lora_adapters = {  # "1=../../build/models/demo-lora/x, 2=..." confined like every path
         tid: str(model_path_value(args, p, f"lora_adapters[{tid}]"))
         for tid, p in parse_adapter_list(params.get("lora_adapters", "")).items()}
-    return EngineBackend(LLMEngine(model_path, engine_config), on_output, model_path, default_exclude_input)
+    runner = EngineRunner.launch(lambda: LLMEngine(model_path, engine_config), on_output)
+    return EngineBackend(runner, model_path, default_exclude_input)
