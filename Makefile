@@ -16,7 +16,7 @@ METRICS_PORT ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: all serve build demo test venv configs check-configs clean distclean bench bench-peers bench-quant bench-real
+.PHONY: all serve build demo test venv configs check-configs clean distclean bench bench-peers bench-quant bench-real bench-serving
 
 all: build
 
@@ -140,6 +140,15 @@ REAL_ARGS ?=
 bench-real: build
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/bench_real.py $(REAL_ARGS)
+
+# The OpenAI serving path (make serve + make openai) against llama-server, vllm serve and Dynamo over our engine, on
+# the default model: one streamed load per concurrency level, a table of ratios and a plot (~20-30 minutes; builds
+# llama-server into the vendored llama.cpp on first use; vLLM comes from `make bench-peers`).
+# SERVING_ARGS="--levels 1,4 --servers ours,llama-server"
+SERVING_ARGS ?=
+bench-serving: build
+	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	PYTHONPATH=backends $(PY) benchmarks/bench_serving.py $(SERVING_ARGS)
 
 # ---- OpenAI-compatible API and the LLM serving benchmark (clients/, benchmarks/perf_llm.py)
 # `make openai` serves /v1 on OPENAI_PORT in front of a running tritonserver's gRPC port (GRPC_PORT,

@@ -44,12 +44,13 @@ import openai_load  # noqa: E402  (benchmarks/ is this script's folder)
 from plotting import pyplot  # noqa: E402
 
 
-def start(router: str, replicas: int, threads: int, deployment: Path, prefill: int = 0) -> tuple[subprocess.Popen, int]:
+def start(router: str, replicas: int, threads: int, deployment: Path, prefill: int = 0,
+          served_name: str | None = None) -> tuple[subprocess.Popen, int]:
     (port,) = find_free_ports(1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tritonllm.dynamo.launch", "--replicas", str(replicas), "--port", str(port),
          "--router", router, "--threads", str(threads), "--deployment", str(deployment),
-         "--prefill-workers", str(prefill)],
+         "--prefill-workers", str(prefill), *(["--served-model-name", served_name] if served_name else [])],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "backends")}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     for line in proc.stdout:

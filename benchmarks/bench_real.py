@@ -178,30 +178,20 @@ def lookup_rows(gguf: Path, activations: list[str], threads: int) -> list[dict]:
     return rows
 
 
-LLAMA_LOOKUP = os.path.join(setup_envs.LLAMACPP_LIB, "llama-lookup")
-
-
 def llama_lookup_rows(gguf: Path) -> dict[str, dict]:
     """llama.cpp's lookup decoding on each task: {task: {rate, accepted, drafted}} (empty when it cannot build)."""
     from tritonllm.model_files import load_hf_tokenizer
 
-    if not os.path.exists(LLAMA_LOOKUP):
-        vendored = os.path.join(setup_envs.LLAMACPP_SRC, "vendor", "llama.cpp")
-        logf = str(ROOT / "build" / "peers" / "llama-lookup-build.log")
-        try:
-            setup_envs.run_logged(["cmake", "-S", vendored, "-B", setup_envs.LLAMACPP_BUILD,
-                                   "-DLLAMA_BUILD_EXAMPLES=ON"],
-                                  logf, "llama.cpp: configure with its examples")
-            setup_envs.run_logged(["cmake", "--build", setup_envs.LLAMACPP_BUILD, "--target", "llama-lookup", "-j",
-                                   str(os.cpu_count() or 2)], logf, "llama.cpp: compiling llama-lookup")
-        except Exception as e:  # the rest of the benchmark stands without it
-            log(f"llama-lookup not built ({e}): its rows are left out")
-            return {}
+    try:
+        lookup = setup_envs.llamacpp_tool("llama-lookup")
+    except Exception as e:  # the rest of the benchmark stands without it
+        log(f"llama-lookup not built ({e}): its rows are left out")
+        return {}
     tok = load_hf_tokenizer(gguf)
     env = dict(os.environ, LD_LIBRARY_PATH=setup_envs.LLAMACPP_LIB)
     rows = {}
     for task, content in LOOKUP_TASKS.items():
-        p = subprocess.run([LLAMA_LOOKUP, "-m", str(gguf), "-p", chat_prompt(tok, content), "-n", "96",
+        p = subprocess.run([lookup, "-m", str(gguf), "-p", chat_prompt(tok, content), "-n", "96",
                             "--spec-draft-n-max", "4", "-t", "2", "-tb", "2", "--temp", "0", "-c", "2048",
                             "--ignore-eos"], capture_output=True, text=True, env=env, timeout=600)
         out = p.stdout + p.stderr

@@ -3,8 +3,8 @@
 Used by ``bench_dynamo.py`` to put Dynamo over our engine, our single-node ``make serve`` + ``make openai`` and
 ``vllm serve`` (vLLM CPU from build/peers) side by side on the same prompts. The load: text prompts made by
 decoding seeded random token ids with the served model's tokenizer (every server tokenizes the same text
-itself), streamed completions, greedy, ``min_tokens = max_tokens`` so every server generates the same count
-(the count is checked against ``usage``). Per concurrency level: output tokens/s (wall clock of the level),
+itself), streamed completions, greedy, ``min_tokens = max_tokens`` and ``ignore_eos`` (vLLM's extras; llama-server
+reads the second) so every server generates the same count (the count is checked against ``usage``). Per concurrency level: output tokens/s (wall clock of the level),
 TTFT (request sent -> first chunk with text) and ITL (gap between consecutive chunks with text; the servers
 here send one chunk per token, ``chunks_per_token`` shows where that is not so) at p50 / p99, measured at the
 client.
@@ -47,7 +47,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def stream_one(port: int, model: str, prompt: str, max_tokens: int) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
@@ -64,6 +64,8 @@ def stream_one(port: int, model: str, prompt: str, max_tokens: int) -> dict:
         if data == b"[DONE]":
             break
         chunk = json.loads(data)
+        if chunk.get("error"):
+            raise RuntimeError(f"server on :{port} failed mid-stream: {chunk['error']}")
         if chunk.get("usage"):
             usage = chunk["usage"]
         if any(c.get("text") for c in chunk.get("choices") or []):

@@ -135,6 +135,26 @@ def llamacpp_env() -> str:
     return py
 
 
+# Targets beyond LLAMACPP_TARGETS, built into the same tree on first use: name -> the cmake switch it needs.
+LLAMACPP_EXTRA = {"llama-lookup": "-DLLAMA_BUILD_EXAMPLES=ON", "llama-server": "-DLLAMA_BUILD_SERVER=ON"}
+
+
+def llamacpp_tool(name: str) -> str:
+    """The path of a llama.cpp program of LLAMACPP_EXTRA, configured and compiled into the vendored build the first
+    time (llamacpp_env() first, when the build is missing); raises RuntimeError with the log's tail if it fails."""
+    path = os.path.join(LLAMACPP_LIB, name)
+    if os.path.exists(path):
+        return path
+    llamacpp_env()
+    vendored = os.path.join(LLAMACPP_SRC, "vendor", "llama.cpp")
+    logf = os.path.join(PEERS, f"{name}-build.log")
+    run_logged(["cmake", "-S", vendored, "-B", LLAMACPP_BUILD, LLAMACPP_EXTRA[name]], logf,
+               f"llama.cpp: configure for {name}")
+    run_logged(["cmake", "--build", LLAMACPP_BUILD, "--target", name, "-j", str(os.cpu_count() or 2)], logf,
+               f"llama.cpp: compiling {name}")
+    return path
+
+
 def _fetch_llamacpp_sdist(py: str, logf: str) -> None:
     if os.path.isdir(LLAMACPP_SRC):
         return

@@ -2,7 +2,7 @@
 
 Defaults come from the environment so ``make openai OPENAI_PORT=9000 GRPC_PORT=8001`` works:
 OPENAI_PORT (9000), GRPC_PORT (8001; the Triton gRPC endpoint is localhost:GRPC_PORT unless
---triton-url is given), OPENAI_TRITON_MODEL (tensorrt_llm_bls), TOKENIZER_DIR (deployment.yaml's llm.tokenizer_dir),
+--triton-url is given), OPENAI_TRITON_MODEL (tensorrt_llm), TOKENIZER_DIR (deployment.yaml's llm.tokenizer_dir),
 TRITONLLM_API_KEY (--api-key: better than the flag, which other users of the machine can read in ps),
 OPENAI_TOOL_CALL_PARSER (--tool-call-parser), OPENAI_REASONING_PARSER (--reasoning-parser).
 """
@@ -28,9 +28,10 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT") or 9000))
     p.add_argument("--triton-url", default=f"localhost:{os.environ.get('GRPC_PORT') or 8001}",
                    help="Triton gRPC endpoint host:port")
-    p.add_argument("--model", default=os.environ.get("OPENAI_TRITON_MODEL", "tensorrt_llm_bls"),
-                   help="Triton text model to serve (tensorrt_llm_bls or ensemble)")
-    p.add_argument("--fallback", default="ensemble", help="used when --model is not ready ('' = none)")
+    p.add_argument("--model", default=os.environ.get("OPENAI_TRITON_MODEL", "tensorrt_llm"),
+                   help="Triton model to serve: tensorrt_llm (the BLS's text steps run in this server, with the "
+                        "tokenizer of --tokenizer-dir: one process hop less a token), tensorrt_llm_bls or ensemble")
+    p.add_argument("--fallback", default="tensorrt_llm_bls", help="used when --model is not ready ('' = none)")
     p.add_argument("--tokenizer-dir", default=str(default_tokenizer_dir()),
                    help="HF tokenizer folder for the chat template and token counts ('' = none)")
     p.add_argument("--served-model-name", default="tritonllm", help="the model name clients ask for")

@@ -23,7 +23,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -39,7 +38,7 @@ from clients.openai_server.protocol import ApiError, ChatCompletionRequest, Comp
 from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat_logprobs, choices_usage,
                                              completion_body, completion_logprobs, new_id, sum_usage)
 from clients.openai_server.chat_answer import ChatAnswer
-from clients.openai_server.limits import BodyLimits, CancellingStream, ClientGone, unless_disconnected
+from clients.openai_server.limits import ApiKey, BodyLimits, CancellingStream, ClientGone, unless_disconnected
 from clients.openai_server.tool_calls import PARSERS as TOOL_PARSERS, json_array, named
 from clients.openai_server.triton import TritonText
 from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams, OutOfRange
@@ -51,8 +50,8 @@ log = logging.getLogger("openai_server")
 @dataclass
 class Settings:
     triton_url: str = "localhost:8001"
-    model: str = "tensorrt_llm_bls"
-    fallback: str | None = "ensemble"
+    model: str = "tensorrt_llm"        # the BLS's text steps run here (direct.py), tensorrt_llm in Triton
+    fallback: str | None = "tensorrt_llm_bls"
     tokenizer_dir: str | None = None
     served_model_name: str = "tritonllm"
     default_max_tokens: int = 256  # chat requests without max_tokens
@@ -84,7 +83,7 @@ async def _first(chunks: AsyncIterator[Chunk]) -> Chunk | None:
 
 
 def create_app(settings: Settings) -> FastAPI:
-    triton = TritonText(settings.triton_url, settings.model, settings.fallback)
+    triton = TritonText(settings.triton_url, settings.model, settings.fallback, settings.tokenizer_dir)
     tools = TextTools.from_dir(settings.tokenizer_dir)
 
     @asynccontextmanager
@@ -95,19 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="tritonllm OpenAI-compatible API", lifespan=lifespan)
     app.state.settings, app.state.triton, app.state.tools = settings, triton, tools
     app.add_middleware(BodyLimits, max_bytes=settings.max_request_bytes, timeout_s=settings.request_body_timeout_s)
-
-    @app.middleware("http")
-    async def _require_api_key(request: Request, call_next):
-        if settings.api_key and request.url.path.startswith("/v1"):
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            # header values arrive decoded as latin-1: encoding back gives the bytes the client sent
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1", "replace"),
-                                                                     settings.api_key.encode("utf-8")):
-                message = ("Incorrect API key provided" if token.strip() else
-                           "You didn't provide an API key: send it as 'Authorization: Bearer <key>'")
-                return JSONResponse(ApiError(401, message, code="invalid_api_key").body(), status_code=401,
-                                    headers={"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
+    app.add_middleware(ApiKey, key=settings.api_key)  # outermost: no body is read for a client without the key
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, e: ApiError):

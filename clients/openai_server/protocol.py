@@ -12,7 +12,7 @@ Invariants:
 - ``response_format`` json_schema / json_object become ``guided_decoding_guide_type`` json_schema / json
   (+ the schema as ``guided_decoding_guide``); the engine compiles the grammar, and one it cannot compile
   is its INVALID_ARG -> 400.
-- Non-OpenAI extras accepted in the body (``extra_body`` in the SDK): top_k, min_tokens,
+- Non-OpenAI extras accepted in the body (``extra_body`` in the SDK): top_k, min_tokens, ignore_eos (end_id -1),
   repetition_penalty, priority and allotted_time_ms (TensorRT-LLM's), guided_json / guided_regex /
   guided_choice / guided_grammar (vLLM's).
 - Strict where Triton's own HTTP front is not: every integer is bounded by the tensor it travels in (the
@@ -95,6 +95,7 @@ class _Common(BaseModel):
     # Extras (vLLM-style), not part of OpenAI's API.
     top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
     min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    ignore_eos: bool = False  # vLLM's: generate through the end-of-sequence token (end_id -1)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     # TensorRT-LLM's request priority ([0, 1], higher admitted first; trtllm-serve's extra) and allotted
     # time (sent as Triton's request timeout; the request then ends with the text so far).
@@ -149,6 +150,7 @@ class _Common(BaseModel):
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+            end_id=-1 if self.ignore_eos else None,
             return_log_probs=True if want_log_probs else None,
             stop_words=self.stop_list(),
             guided_decoding_guide_type=guide[0] if guide else None,

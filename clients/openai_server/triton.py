@@ -14,6 +14,8 @@ Invariants:
 """
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import time
 from typing import AsyncIterator
@@ -22,8 +24,10 @@ import grpc
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from clients.openai_server.direct import Knobs, TextSteps, chunks_of, grpc_request, parameters
 from clients.openai_server.protocol import ApiError
 from clients.triton_llm import C, Chunk, GenerationParams, chunk_from, grpc_inputs
+from tritonllm.text.bls_stream import client_message
 
 BLS = C.BLS
 BLS_ONLY = tuple(t.name for t in C.BLS_INPUTS if not t.nvidia)  # not NVIDIA's ensemble's
@@ -60,12 +64,16 @@ def api_error(message: str, grpc_status: str | None = None) -> ApiError:
 
 
 class TritonText:
-    """A text model (``tensorrt_llm_bls`` or ``ensemble``) behind Triton's gRPC endpoint."""
+    """A text model behind Triton's gRPC endpoint: ``tensorrt_llm`` with the BLS's text steps run here
+    (``direct.TextSteps``: needs the tokenizer), or ``tensorrt_llm_bls`` / ``ensemble`` doing them in Triton."""
 
-    def __init__(self, url: str, model: str = "tensorrt_llm_bls", fallback: str | None = "ensemble"):
-        self.url, self.model, self.fallback = url, model, fallback
+    def __init__(self, url: str, model: str = C.TENSORRT_LLM, fallback: str | None = BLS,
+                 tokenizer_dir: str | None = None):
+        self.url, self.model, self.fallback, self.tokenizer_dir = url, model, fallback, tokenizer_dir
         self._client: grpcaio.InferenceServerClient | None = None
         self._resolved: tuple[float, str] | None = None
+        self._steps: TextSteps | None = None
+        self._ids = itertools.count()
 
     @property
     def client(self) -> grpcaio.InferenceServerClient:
@@ -90,6 +98,8 @@ class TritonText:
         if self._resolved and now - self._resolved[0] < MODEL_CHECK_S:
             return self._resolved[1]
         for name in (self.model, self.fallback):
+            if name == C.TENSORRT_LLM and not self.tokenizer_dir:
+                continue  # the text steps need the tokenizer here
             if name and await self._ready(name):
                 self._resolved = (now, name)
                 return name
@@ -100,10 +110,26 @@ class TritonText:
     async def ready_models(self, names: tuple[str, ...]) -> list[str]:
         return [n for n in names if await self._ready(n)]
 
+    async def _text_steps(self) -> TextSteps:
+        if self._steps is None:
+            async def params(name: str) -> dict[str, str]:
+                try:
+                    return parameters(await self.client.get_model_config(name, as_json=True))
+                except InferenceServerException:  # not served: the model's defaults
+                    return {}
+
+            knobs = Knobs.from_configs(await params(C.PREPROCESSING), await params(BLS))
+            self._steps = TextSteps(self.tokenizer_dir, knobs)
+        return self._steps
+
     async def generate(self, prompt: str, params: GenerationParams, stream: bool,
                        model: str | None = None, timeout_us: int | None = None) -> AsyncIterator[Chunk]:
         """``timeout_us``: Triton's request timeout, which the engine takes as the request's allotted time."""
         model = model or await self.resolve()
+        if model == C.TENSORRT_LLM:
+            async for chunk in self._generate_direct(prompt, params, stream, timeout_us):
+                yield chunk
+            return
         inputs, outputs = grpc_inputs(params, prompt, stream, model)
         sent = {i.name() for i in inputs}
         ours = [name for name in BLS_ONLY if name in sent]
@@ -133,6 +159,45 @@ class TritonText:
                 if response.parameters["triton_final_response"].bool_param:
                     finished = True
                     return
+        except grpc.RpcError as e:
+            raise api_error(e.details() or str(e), str(e.code())) from None
+        finally:
+            if not finished:
+                call.cancel()
+
+    async def _generate_direct(self, prompt: str, params: GenerationParams, stream: bool,
+                               timeout_us: int | None) -> AsyncIterator[Chunk]:
+        """The BLS's text steps here, tensorrt_llm in Triton (direct.py); the call is cancelled as soon as every
+        sequence completed a stop string, or when the caller closes this generator."""
+        steps = await self._text_steps()
+        inputs, outputs, seqs = steps.request(params, prompt, stream)
+        request = grpc_request(inputs, outputs, f"oai-{os.getpid()}-{next(self._ids)}", timeout_us)
+
+        async def requests():
+            yield request
+
+        try:
+            call = self.client.stream_infer(requests())
+        except InferenceServerException as e:
+            raise api_error(client_message(e.message()), e.status()) from None
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise api_error(client_message(error.message()), error.status())
+                response = result.get_response()
+                if response.outputs:
+                    got = {o.name for o in response.outputs}
+                    for chunk in chunks_of(seqs, {n: result.as_numpy(n) for n in outputs if n in got}):
+                        yield chunk
+                    if seqs.done:  # every sequence completed a stop string: the engine request can go
+                        return
+                if response.parameters["triton_final_response"].bool_param:
+                    finished = True
+                    break
+            for chunk in seqs.finish_all():
+                if not chunk.empty:
+                    yield chunk_from(chunk.arrays().get)
         except grpc.RpcError as e:
             raise api_error(e.details() or str(e), str(e.code())) from None
         finally:

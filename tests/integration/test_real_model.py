@@ -7,7 +7,13 @@ the ids our own preprocessing makes (the prompts are plain text, the chat goes t
 """
 from __future__ import annotations
 
+import json
 import os
+import queue
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -93,4 +99,50 @@ def test_ids_through_tensorrt_llm_equal_transformers(triton_server, reference):
                                  {**ids_tensors(ids, NEW, stream=True), "end_id": np.array([[tok.eos_token_id]], np.int32)})
     assert err is None, err.message()
     assert [t for t in ids_of(chunks) if t != tok.eos_token_id] == greedy(ids)
+    _all_blocks_back(triton_server)
+
+
+def _served_itl_ms(grpc_url: str, ids: list[int], n: int) -> list[float]:
+    """Gaps (ms) between the streamed responses of one tensorrt_llm request, after the first."""
+    import tritonclient.grpc as grpcclient
+
+    from robustness_helpers import grpc_inputs, ids_tensors
+
+    q: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter())))
+    stamps = []
+    try:
+        client.async_stream_infer("tensorrt_llm", grpc_inputs(ids_tensors(ids, n, stream=True)),
+                                  enable_empty_final_response=True)
+        while True:
+            result, error, at = q.get(timeout=120)
+            assert error is None, error.message()
+            response = result.get_response()
+            if response.outputs:
+                stamps.append(at)
+            if response.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    assert len(stamps) == n
+    return [1e3 * (b - a) for a, b in zip(stamps[1:], stamps[2:])]
+
+
+def test_a_served_token_costs_about_what_the_engine_spends_on_it(triton_server, reference):
+    """The raw tensorrt_llm path at one stream against the engine in its own process on the same file and knobs
+    (benchmarks/bench_serving.py --engine-only: built and stepped on one runner thread, as served). Within 1.5x:
+    the engine built on another thread than it steps on (two OpenMP teams on 2 cores) made it 2.1x."""
+    tok, _ = reference
+    engine = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serving.py"), "--engine-only",
+                             "--max-tokens", "64"], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "backends")})
+    assert engine.returncode == 0, engine.stderr[-2000:]
+    engine_ms = json.loads(engine.stdout.strip().splitlines()[-1])["engine_itl_p50_ms"]
+    gaps = [g for prompt in PROMPTS[:3] for g in _served_itl_ms(triton_server.grpc_url, tok.encode(prompt * 8), 64)]
+    served_ms = statistics.median(gaps)
+    print(f"ITL p50: engine in process {engine_ms:.2f} ms, served through tensorrt_llm {served_ms:.2f} ms "
+          f"({served_ms / engine_ms:.2f}x)")
+    assert served_ms <= 1.5 * engine_ms, (served_ms, engine_ms)
     _all_blocks_back(triton_server)

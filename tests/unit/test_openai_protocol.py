@@ -33,6 +33,13 @@ def test_options_become_ensemble_inputs():
     assert arrays["temperature"][0].item() == 0.0 and arrays["top_k"][0].item() == 3
     assert arrays["return_log_probs"][0].item() is True and arrays["stream"][0].item() is True
     assert arrays["min_tokens"][0].item() == 2 and arrays["presence_penalty"][0].item() == 0.5
+    assert "end_id" not in arrays  # the model's own end token
+
+
+def test_ignore_eos_sends_end_id_minus_one():
+    """vLLM's ignore_eos: the engine's "no end token" (end_id -1), not a field silently dropped."""
+    arrays = CompletionRequest(model="m", prompt="hi", ignore_eos=True).generation_params(8, False).arrays("hi", True)
+    assert arrays["end_id"][0].dtype == np.int32 and arrays["end_id"][0].tolist() == [[-1]]
 
 
 def test_response_format_json_schema_is_a_guided_decoding_guide():

@@ -84,14 +84,23 @@ def test_launch_builds_on_the_runner_thread_and_raises_what_build_raises(llama_c
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: no OpenMP team to speak of")
 def test_served_engine_runs_its_barriers_spinning_not_sleeping(llama_ckpt, tmp_path):
-    """build_engine_backend (the tensorrt_llm model's engine) and, for contrast, an engine built on the main thread
-    after it ran parallel work and then stepped on a runner thread: the second pays ~2 switches a region."""
+    """build_engine_backend (the tensorrt_llm model's engine, a request with a wide embedding bias submitted from the
+    main thread as Triton's execute thread does) and, for contrast, an engine built on the main thread after it ran
+    parallel work and then stepped on a runner thread: the second pays ~2 switches a region."""
     _copy_into_checkout(llama_ckpt, tmp_path)
     args = {"model_repository": str(tmp_path / "model_repository" / "tensorrt_llm"), "model_config": "{}"}
     served = _run(f"""
         from tritonllm.serving.engine_backend import build_engine_backend
         backend = build_engine_backend({args!r}, {{"gpt_model_path": "../../build/model",
                                                    "max_tokens_in_paged_kv_cache": "65536"}}, lambda out: None)
+        import numpy as np
+        from tritonllm.engine.request import SamplingParams
+        bias = torch.from_numpy(np.zeros(1 << 20, np.float32))  # as llm_io makes it: no torch op
+        wide = SamplingParams(max_tokens=1, embedding_bias=bias)  # checked here, then refused
+        try:
+            backend.submit_all([("x", [1, 2], wide)])  # on this thread, as Triton's execute thread submits
+        except ValueError:
+            pass
         n = on_runner(backend.start().runner)
         backend.shutdown(5)
         print(json.dumps({{"switches": n}}))

@@ -10,6 +10,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+import numpy as np
 import torch
 
 from .config import EngineConfig
@@ -102,8 +103,9 @@ class LLMEngine:
         if params.embedding_bias is not None and params.embedding_bias.numel() > V:
             raise InvalidRequest(f"embedding_bias has {params.embedding_bias.numel()} entries, "
                                  f"more than the vocabulary ({V})")
+        # numpy, not torch, on the caller's thread (runner.py: a second OpenMP team would slow every step)
         if (params.embedding_bias is not None and params.embedding_bias.numel() == V
-                and bool(torch.isneginf(params.embedding_bias).all())):  # nothing left to sample: NaN
+                and np.isneginf(params.embedding_bias.detach().cpu().numpy()).all()):  # nothing left to sample: NaN
             raise InvalidRequest("embedding_bias bans every token (-inf everywhere)")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_seq_len:

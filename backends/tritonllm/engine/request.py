@@ -6,6 +6,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -85,10 +86,13 @@ class SamplingParams:
         if b is not None:
             if not isinstance(b, torch.Tensor) or b.dim() != 1 or b.numel() < 1 or not b.is_floating_point():
                 raise InvalidRequest("embedding_bias must be a non-empty 1-D floating-point tensor")
-            finite = torch.isfinite(b)
-            if not bool((finite | torch.isneginf(b)).all()):
+            # numpy, not torch: this runs on the caller's thread, where a torch op over a vocabulary would start a
+            # second OpenMP team and slow every engine step after it (runner.py)
+            a = b.detach().cpu().numpy()
+            finite = np.isfinite(a)
+            if not (finite | np.isneginf(a)).all():
                 raise InvalidRequest("embedding_bias holds NaN or +inf (-inf is allowed: it bans a token)")
-            if bool((b[finite].abs() > MAX_BIAS).any()):  # beyond it logits overflow to inf / NaN
+            if (np.abs(a[finite]) > MAX_BIAS).any():  # beyond it logits overflow to inf / NaN
                 raise InvalidRequest(f"embedding_bias values must be within +-{MAX_BIAS:g} (or -inf)")
 
     @property

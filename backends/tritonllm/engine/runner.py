@@ -55,7 +55,8 @@ class EngineRunner:
     @classmethod
     def launch(cls, build: Callable[[], LLMEngine], on_output: Callable[[RequestOutput], None]) -> "EngineRunner":
         """A started runner whose engine ``build()`` made on the runner thread itself (why: the module docstring);
-        what ``build`` raises is raised here."""
+        what ``build`` raises is raised here. Work done for the engine on other threads (``submit``'s checks) stays
+        below torch's parallel grain for the same reason."""
         built: Future = Future()
 
         def main() -> None:
