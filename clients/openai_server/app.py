@@ -83,8 +83,8 @@ async def _first(chunks: AsyncIterator[Chunk]) -> Chunk | None:
 
 
 def create_app(settings: Settings) -> FastAPI:
-    triton = TritonText(settings.triton_url, settings.model, settings.fallback, settings.tokenizer_dir)
     tools = TextTools.from_dir(settings.tokenizer_dir)
+    triton = TritonText(settings.triton_url, settings.model, settings.fallback, tools.tokenizer, settings.tokenizer_dir)
 
     @asynccontextmanager
     async def lifespan(_app):

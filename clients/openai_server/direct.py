@@ -67,10 +67,11 @@ def parameters(config: dict) -> dict[str, str]:
 class TextSteps:
     """The tokenizer and knobs of one deployment: a request's tensorrt_llm inputs and its per-sequence text."""
 
-    def __init__(self, tokenizer_dir: str, knobs: Knobs) -> None:
+    def __init__(self, tokenizer: Any, tokenizer_dir: str, knobs: Knobs) -> None:
+        """``tokenizer``: the HF tokenizer the server already loaded from ``tokenizer_dir`` (for its chat template)."""
         self.knobs = knobs
-        self.tok = TextTokenizer.from_dir(tokenizer_dir, add_special_tokens=knobs.add_special_tokens,
-                                          chat_mode=chat_mode_from_params(knobs.chat or {}))
+        self.tok = TextTokenizer(tokenizer, model_dir=tokenizer_dir, add_special_tokens=knobs.add_special_tokens,
+                                 chat_mode=chat_mode_from_params(knobs.chat or {}))
         self.traits = tokenizer_traits(self.tok.hf)
 
     def request(self, params: GenerationParams, prompt: str, stream: bool):

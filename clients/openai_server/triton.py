@@ -14,11 +14,12 @@ Invariants:
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import re
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import grpc
 import tritonclient.grpc.aio as grpcaio
@@ -68,11 +69,14 @@ class TritonText:
     (``direct.TextSteps``: needs the tokenizer), or ``tensorrt_llm_bls`` / ``ensemble`` doing them in Triton."""
 
     def __init__(self, url: str, model: str = C.TENSORRT_LLM, fallback: str | None = BLS,
-                 tokenizer_dir: str | None = None):
-        self.url, self.model, self.fallback, self.tokenizer_dir = url, model, fallback, tokenizer_dir
+                 tokenizer: Any | None = None, tokenizer_dir: str | None = None):
+        """``tokenizer`` (loaded from ``tokenizer_dir``; None: no direct path) serves the text steps."""
+        self.url, self.model, self.fallback = url, model, fallback
+        self.tokenizer, self.tokenizer_dir = tokenizer, tokenizer_dir
         self._client: grpcaio.InferenceServerClient | None = None
         self._resolved: tuple[float, str] | None = None
         self._steps: TextSteps | None = None
+        self._steps_lock = asyncio.Lock()
         self._ids = itertools.count()
 
     @property
@@ -98,7 +102,7 @@ class TritonText:
         if self._resolved and now - self._resolved[0] < MODEL_CHECK_S:
             return self._resolved[1]
         for name in (self.model, self.fallback):
-            if name == C.TENSORRT_LLM and not self.tokenizer_dir:
+            if name == C.TENSORRT_LLM and self.tokenizer is None:
                 continue  # the text steps need the tokenizer here
             if name and await self._ready(name):
                 self._resolved = (now, name)
@@ -111,15 +115,18 @@ class TritonText:
         return [n for n in names if await self._ready(n)]
 
     async def _text_steps(self) -> TextSteps:
-        if self._steps is None:
-            async def params(name: str) -> dict[str, str]:
-                try:
-                    return parameters(await self.client.get_model_config(name, as_json=True))
-                except InferenceServerException:  # not served: the model's defaults
-                    return {}
+        """Made at the first request (the knobs are the served configs'), off the event loop: a tokenizer's
+        vocabulary scan takes tens of milliseconds that no other request should wait for."""
+        async with self._steps_lock:
+            if self._steps is None:
+                async def params(name: str) -> dict[str, str]:
+                    try:
+                        return parameters(await self.client.get_model_config(name, as_json=True))
+                    except InferenceServerException:  # not served: the model's defaults
+                        return {}
 
-            knobs = Knobs.from_configs(await params(C.PREPROCESSING), await params(BLS))
-            self._steps = TextSteps(self.tokenizer_dir, knobs)
+                knobs = Knobs.from_configs(await params(C.PREPROCESSING), await params(BLS))
+                self._steps = await asyncio.to_thread(TextSteps, self.tokenizer, self.tokenizer_dir, knobs)
         return self._steps
 
     async def generate(self, prompt: str, params: GenerationParams, stream: bool,

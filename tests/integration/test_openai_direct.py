@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from openai_helpers import openai_url  # noqa: F401  (fixture)
-from robustness_helpers import llm_metrics, wait_idle
+from robustness_helpers import wait_idle
 
 CASES = [
     ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "logprobs": 2}),
@@ -67,7 +67,7 @@ def test_direct_path_answers_as_the_bls_does(openai_url, path, body):
 def test_the_default_path_is_tensorrt_llm_and_a_stop_string_frees_the_engine_early(openai_url, triton_server):
     with urllib.request.urlopen(openai_url.rstrip("/").removesuffix("/v1") + "/health") as r:
         assert json.loads(r.read())["triton_model"] == "tensorrt_llm"
-    before = llm_metrics(triton_server.metrics_url)
+    before = wait_idle(triton_server.metrics_url)  # counters published after the previous tests' requests
     t0 = time.perf_counter()
     status, answer = _post(openai_url, "/v1/completions", {"model": "tritonllm", "prompt": "Count: one, two, three,",
                                                           "max_tokens": 2000, "temperature": 0, "stop": [","]})
