@@ -22,7 +22,9 @@ Also measured: our engine in this process on the same file and knobs, built and 
 ``tensorrt_llm`` model runs it, one request at a time, before the servers and after them (the machine's speed drifts;
 their mean is the reference): its ITL p50 is what a served token at concurrency 1 is compared with (target: within
 1.2x). Per server and level: output tokens/s, TTFT and ITL p50 / p99 at the client,
-ratios against ours. A server that cannot start here is reported and skipped. Results:
+ratios against ours; for ours, the CPU milliseconds each serving process spends per generated token (from /proc:
+on 2 cores that time is taken from the engine's two threads). A server that cannot start here is reported and
+skipped. Results:
 build/bench/serving/{results.json,serving.png}.
 """
 from __future__ import annotations
@@ -92,6 +94,29 @@ def engine_itl(gguf: Path, prompts: list[str], tok, max_tokens: int) -> float:
     finally:
         runner.shutdown(10)
     return 1e3 * statistics.median(gaps)
+
+
+# ---- where a token's CPU goes ---------------------------------------------------------------------------------
+PROCESSES = (("tensorrt_llm_bls/1/model.py", "BLS stub"), ("tensorrt_llm/1/model.py", "tensorrt_llm stub"),
+             ("bin/tritonserver", "tritonserver"), ("clients.openai_server", "OpenAI server"))
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of our serving processes (by role) and of this client process."""
+    out = {"client": sum(os.times()[:2])}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        role = next((name for key, name in PROCESSES if key in cmd), None)
+        if role:
+            out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 # ---- servers --------------------------------------------------------------------------------------------------
@@ -166,7 +191,11 @@ def run_server(name: str, args, prompts: list[str], gguf: Path, log_dir: Path) -
             port = started[0]
             openai_load.stream_one(port, NAME, prompts[0], 4)  # warm-up outside the measurement
             chunk = prompts[i * args.requests:(i + 1) * args.requests]
+            before = cpu_seconds()
             row = {"server": name, **openai_load.run_level(port, NAME, chunk, args.max_tokens, c)}
+            if name == "ours":  # CPU ms per generated token, by process
+                after, tokens = cpu_seconds(), len(chunk) * args.max_tokens
+                row["cpu_ms_per_token"] = {k: round(1e3 * (v - before.get(k, 0.0)) / tokens, 3) for k, v in after.items()}
             log(f"  {name} c={c}: {row['output_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
                 f"ITL p50 {row['itl_p50_ms']:.1f} ms")
             rows.append(row)
@@ -188,6 +217,10 @@ def table(rows: list[dict], engine_ms: float | None) -> str:
         ratio = f"{b['output_tok_s'] / r['output_tok_s']:.2f}x" if b and r["server"] != "ours" else "-"
         lines.append(f"| {r['server']} | {r['concurrency']} | {r['output_tok_s']:.1f} | {r['ttft_p50_ms']:.0f} ms | "
                      f"{r['ttft_p99_ms']:.0f} ms | {r['itl_p50_ms']:.1f} ms | {r['itl_p99_ms']:.1f} ms | {ratio} |")
+    for r in rows:
+        if r.get("cpu_ms_per_token"):
+            lines.append(f"\nours c={r['concurrency']}: CPU ms per generated token: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(r["cpu_ms_per_token"].items(), key=lambda kv: -kv[1])))
     if engine_ms and 1 in base:
         lines.append(f"\nengine in process (runner thread, one request; mean of the runs before and after): ITL p50 "
                      f"{engine_ms:.2f} ms; ours served at "
