@@ -38,7 +38,7 @@ PROBE = textwrap.dedent("""
     def regions(_engine=None):
         x = torch.ones(1 << 20)
         for _ in range(REGIONS):
-            x.add(1.0)  # one at::parallel_for over 2 threads
+            x.add(1.0)  # one at::parallel_for over the team
 
     def on_runner(runner):
         runner.call(regions).result()  # the runner thread's team exists and is warm
@@ -49,7 +49,7 @@ PROBE = textwrap.dedent("""
 
 
 def _run(code: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())}  # two teams of them always outnumber the CPUs
     env.pop("OMP_WAIT_POLICY", None)
     env.pop("GOMP_SPINCOUNT", None)
     out = subprocess.run([sys.executable, "-c", PROBE + textwrap.dedent(code)], capture_output=True, text=True,
