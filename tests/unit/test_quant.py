@@ -108,7 +108,9 @@ def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation
         err = (y.double() - ref).abs()
         assert (err <= bound * 1.0001 + 1e-4).all(), (kind, m, float((err - bound).max()))
         assert float(err.max()) > 0  # the int8 path really ran (the float fallback would be ~exact)
-    x = torch.randn(cpu_kernels.MAX_ROWS + 1, k)   # prefill-sized: the natively dequantized weight, fp32 GEMM
+    x = torch.randn(cpu_kernels.MAX_ROWS + 1, k)   # past the int8 kernels: the fp32-activation tile kernel
+    assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5)
+    x = torch.randn(cpu_kernels.TILE_MAX_ROWS + 1, k)   # a long prefill: the natively dequantized weight, fp32 GEMM
     calls = []
     q.native = type("Counting", (), {"dequant_x8": lambda self, *a: calls.append(1) or ext.dequant_x8(*a)})()
     assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5) and calls == [1]
@@ -151,7 +153,7 @@ def test_native_kernels_with_fp32_activations_are_the_float_matmul(kind):
     assert (q.dx.dtype == torch.float16) == ("f16" in kind)
     assert (q.dx.shape[1] == k // 16) == (kind == "int8_half_blocks")
     wd = q.dequant().double()
-    for m in (1, 3, 4, 5, 9, cpu_kernels.MAX_ROWS):
+    for m in (1, 3, 4, 5, 8, 9, 12, 16, 31, cpu_kernels.MAX_ROWS, cpu_kernels.TILE_MAX_ROWS):  # 8+: dequantized tiles
         x, b = torch.randn(m, k), torch.randn(n)
         ref = x.double() @ wd.t() + b.double()
         q.use_kernels(ext, int8_activations=False)

@@ -8,19 +8,23 @@
   ``d = amax / 7``). Stored for the native kernel with 8 rows interleaved per 32-element block (the class
   docstring), ``d`` and ``m = -d * z`` per block (a group of 64 / 128 repeats its d and m over its blocks).
 
-``matmul(x, b)``: with the native kernels (fp32 CPU, ``cpu_kernels`` auto / native) and at most
-``cpu_kernels.MAX_ROWS`` rows, ``csrc/qgemm_cpu.cpp`` multiplies with int8 dot products, the activations
-quantized per row and 32-element block to int8 (d = amax / 127), as llama.cpp's quantized matmuls do. That
-rounding is the only difference from the float matmul of the dequantized weights: per output it is at most
-sum_k |w_k| d_k / 2 (tests bound it). Above (prefill) the kernels dequantize the weight natively and
-oneDNN's fp32 GEMM multiplies (faster there than the int8 dot products, which are bound by maddubs); other
-dtypes or devices and ``cpu_kernels: torch`` dequantize in torch: exactly the float model either way.
+``matmul(x, b)`` on fp32 CPU with the native kernels (``cpu_kernels`` auto / native):
+- ``activation_quantization: int8`` and at most ``cpu_kernels.MAX_ROWS`` rows: ``csrc/qgemm_cpu.cpp``
+  multiplies with int8 dot products, the activations quantized per row and 32-element block to int8
+  (d = amax / 127), as llama.cpp's quantized matmuls do. That rounding is the only difference from the float
+  matmul of the dequantized weights: per output it is at most sum_k |w_k| d_k / 2 (tests bound it).
+- fp32 activations (``none``), or int8 past MAX_ROWS, up to ``cpu_kernels.TILE_MAX_ROWS`` rows:
+  ``csrc/qgemm_f32_cpu.cpp``, the codes widened in registers (fewer than 8 rows) or dequantized once per 16
+  weight rows into an fp32 tile that every row multiplies: the float matmul of the dequantized weights up to
+  summation order.
+- longer prefills: the weight dequantized natively, then oneDNN's fp32 GEMM.
+Other dtypes or devices and ``cpu_kernels: torch`` dequantize in torch: exactly the float model either way.
 """
 from __future__ import annotations
 
 import torch
 
-from .cpu_kernels import native_rows
+from .cpu_kernels import MAX_ROWS, TILE_MAX_ROWS
 from .linear import linear
 
 MODES = ("int8", "int4")
@@ -90,6 +94,19 @@ class _Packed:
     def _stored_order(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.perm is None else x.index_select(1, self.perm)
 
+    KERNELS: tuple[str, str] = ("", "")  # the native kernels' names: int8 activations, fp32 activations
+
+    def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if self.native is None or not (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"):
+            return _torch_linear(x, self.dequant(x.dtype), b)
+        rows = x.shape[0]
+        if rows > TILE_MAX_ROWS:
+            w = self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0])
+            return _torch_linear(self._stored_order(x), w, b)
+        int8 = self.int8_activations and rows <= MAX_ROWS
+        kernel = getattr(self.native, self.KERNELS[0] if int8 else self.KERNELS[1])
+        return kernel(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b, self.shape[0])
+
 
 def _interleave(rows: torch.Tensor, k_chunks: int) -> torch.Tensor:
     """[G * 8, nb * 32] per-row bytes -> [G, nb, t, r, j]: chunk t of block nb holds, at (r, j), row r's byte
@@ -122,6 +139,7 @@ class Int8Weight(_Packed):
     multiple of 32. ``q``, ``d``, ``m`` give them back per row."""
 
     TENSORS = ("qx", "dx", "mx")
+    KERNELS = ("linear_q8x8", "linear_q8x8_f32")
 
     def __init__(self, w: torch.Tensor, native=None) -> None:
         w = w.float()
@@ -237,15 +255,6 @@ class Int8Weight(_Packed):
         w = (q.reshape(n, d.shape[1], -1) * d[..., None]).reshape(n, k)
         return w if m is None else (w.reshape(n, m.shape[1], -1) + m[..., None]).reshape(n, k)
 
-    def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if self.native is not None and _native_prefill(x):
-            return _torch_linear(self._stored_order(x), self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0]), b)
-        if self.native is not None and native_rows(x):
-            kernel = self.native.linear_q8x8 if self.int8_activations else self.native.linear_q8x8_f32
-            return kernel(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
-                                           self.shape[0])
-        return _torch_linear(x, self.dequant(x.dtype), b)
-
     @property
     def nbytes(self) -> int:
         """Bytes held: codes (with padding) and scales, as stored."""
@@ -260,6 +269,7 @@ class Int4Weight(_Packed):
     one; ``dx``, ``mx`` [groups, blocks, 8]. ``d``, ``m`` and ``codes()`` give them back per row."""
 
     TENSORS = ("qx", "dx", "mx")
+    KERNELS = ("linear_q4x8", "linear_q4x8_f32")
 
     def __init__(self, w: torch.Tensor, group_size: int = 32, symmetric: bool = False, native=None) -> None:
         if group_size not in GROUP_SIZES:
@@ -365,15 +375,6 @@ class Int4Weight(_Packed):
         n, k = q.shape
         return (q.float().reshape(n, k // QK, QK) * d[..., None] + m[..., None]).reshape(n, k)
 
-    def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if self.native is not None and _native_prefill(x):
-            return _torch_linear(self._stored_order(x), self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0]), b)
-        if self.native is not None and native_rows(x):
-            kernel = self.native.linear_q4x8 if self.int8_activations else self.native.linear_q4x8_f32
-            return kernel(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b,
-                                           self.shape[0])
-        return _torch_linear(x, self.dequant(x.dtype), b)
-
     @property
     def nbytes(self) -> int:
         """Bytes held: packed codes (with padding) and scales, as stored (a group of 64 / 128 repeats its pair per
@@ -418,11 +419,6 @@ def quantize(w: torch.Tensor, mode: str, group_size: int = 32, symmetric: bool =
     if mode == "int4":
         return Int4Weight(w, group_size, symmetric, native)
     raise ValueError(f"quantization mode must be one of {MODES}, got {mode!r}")
-
-
-def _native_prefill(x: torch.Tensor) -> bool:
-    """Past the few-row kernels' rows on fp32 CPU: oneDNN's fp32 GEMM over the natively dequantized weight."""
-    return x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and not native_rows(x)
 
 
 def _torch_linear(x, w, b):

@@ -8,7 +8,7 @@
 // tests bound the error against the fp32 matmul of the dequantized weights.
 //
 // Layouts (written by engine/quant.py), K a multiple of 32, blocks of 32 along K:
-//   int8 / int4: 8 rows interleaved per 32-block (see X8Args).
+//   int8 / int4: 8 rows interleaved per 32-block (see X8Args, qgemm.h).
 //   fp8:  q [N, K] uint8 (float8_e4m3fn bits), d [N] fp32 per output channel; converted in registers and
 //         multiplied in fp32: exactly the float matmul of the dequantized weights (no activation rounding), at
 //         1 byte per weight read. Conversion: the code's exponent and mantissa bits placed at the bottom of an
@@ -24,13 +24,14 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+#include "kernels.h"
+#include "qgemm.h"
 #include "vec_avx2.h"
 
 // Named (not anonymous): decode_cpu.cpp calls the entry points declared in kernels.h.
 namespace tk_qgemm {
 
 using tritonllm::hsum;
-constexpr int QK = 32;
 
 // x [M, K] -> int8 codes, per-block scales d and d * sum(codes) (for the weights' zero points, m).
 struct QuantizedRows {
@@ -110,75 +111,10 @@ void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tenso
                 "quantized linear: bias [N] float32 expected");
 }
 
-// Weights of 8 rows interleaved per 32-block (layouts written by engine/quant.py): rows in groups of 8 (N
-// padded with zero rows), one 32-bit lane per row. Chunk t of a block holds, at byte 4r + j, row r's code(s)
-// for input 4t + j; maddubs with the activations' 4 codes of that chunk broadcast to every lane gives each
-// row's partial dot product in its own lane: no horizontal sums, and a block's scales are one vector
-// multiply for 8 rows.
-//   int8: 8 chunks of 32 bytes per group and block, codes -128..127; d [G, 8] per row, or d and m
-//         [G, nb, 8] per row and block (checkpoints' 8-bit groups: weight = d * q + m), or d [G, 2 nb, 8] per
-//         row and 16-element half block (GGUF's Q6_K / Q3_K), no m.
-//   int4: 4 chunks of 32 bytes, the low nibble for input 4t + j, the high one for 4(t + 4) + j; codes 0..15,
-//         d and m [G, nb, 8] (weight = d * q + m, m = -d * zero point).
-//   Scales (d, m) are fp32, or fp16 where every one of a weight's is exactly a float16 (GGUF's Q4_0 / Q4_1 /
-//   Q8_0 blocks: half the scale bytes, a fifth of an int4 weight's traffic); the tiles take their type S.
-// x and xs (the fp32-activation kernels': activations and their per-block sums) are set by run_f32.
-struct X8Args { const uint8_t* w; const void* d; const void* m; const float* b; float* y; int64_t M, K, N;
-                const float* x = nullptr; const float* xs = nullptr; };
-
-template <typename S> inline __m256 load8(const S* p);
-template <> inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
-template <> inline __m256 load8<at::Half>(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
-}
-
-template <int MB>
-inline void store8(const X8Args& a, const __m256 (&acc)[MB], int64_t g, int64_t m0) {
-  const int64_t n0 = g * 8, rows = std::min<int64_t>(8, a.N - n0);
-  for (int m = 0; m < MB; ++m) {
-    float out[8];
-    _mm256_storeu_ps(out, acc[m]);
-    float* y = a.y + (m0 + m) * a.N + n0;
-    for (int64_t r = 0; r < rows; ++r) y[r] = a.b ? out[r] + a.b[n0 + r] : out[r];
-  }
-}
-
-// One block of an int8-code tile into a row's accumulator, for both activation modes: the block's sums s (and h,
-// the second half's, HALF) times the block's weight scales and, with int8 activations (XD), the row's own block
-// scale xd; asymmetric codes add m * xsum (the block's activation sum). Without per-block scales the per-row scale
-// is applied once, after the last block (finish_x8).
-template <typename S, bool PER_BLOCK, bool HALF, bool XD>
-inline __m256 block_fma(__m256 acc, __m256 s, __m256 h, const X8Args& a, int64_t g, int64_t blk, float xd, float xsum) {
-  const int64_t nb = a.K / QK;
-  const S* d = static_cast<const S*>(a.d);
-  const S* mm = static_cast<const S*>(a.m);
-  const __m256 xv = _mm256_set1_ps(xd);
-  if (HALF) {
-    const S* dh = d + (g * nb + blk) * 16;
-    acc = _mm256_fmadd_ps(s, XD ? _mm256_mul_ps(load8(dh), xv) : load8(dh), acc);
-    return _mm256_fmadd_ps(h, XD ? _mm256_mul_ps(load8(dh + 8), xv) : load8(dh + 8), acc);
-  }
-  if (PER_BLOCK) {
-    const __m256 dv = load8(d + (g * nb + blk) * 8);
-    acc = _mm256_fmadd_ps(s, XD ? _mm256_mul_ps(dv, xv) : dv, acc);
-    return mm ? _mm256_fmadd_ps(load8(mm + (g * nb + blk) * 8), _mm256_set1_ps(xsum), acc) : acc;
-  }
-  return XD ? _mm256_fmadd_ps(s, xv, acc) : _mm256_add_ps(acc, s);
-}
-
-template <typename S, bool PER_BLOCK, int MB>
-inline void finish_x8(const X8Args& a, __m256 (&acc)[MB], int64_t g, int64_t m0) {
-  if (!PER_BLOCK) {
-    const __m256 dv = load8(static_cast<const S*>(a.d) + g * 8);
-    for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
-  }
-  store8<MB>(a, acc, g, m0);
 }
 
 // int8: maddubs wants one unsigned side, so |w| x sign(x, w). A code of -128 is safe: sign(w, w) leaves 0x80,
@@ -282,8 +218,6 @@ void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, c10
               t.sizes(), " ", t.scalar_type());
 }
 
-// A weight's layout, checked once for both activation modes: the kernel arguments and which tiles apply.
-struct X8Layout { X8Args args; int64_t G; bool fp16_scales, per_block, sub16, has_m; };
 
 // int4: d and m [G, K/32, 8].
 X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
@@ -399,118 +333,6 @@ torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c
   return w;
 }
 
-// ---- fp32 activations (``activation_quantization: none``, W4A16 / W8A16): the interleaved codes are widened to
-// fp32 in registers and multiplied with the activations as they are, so the product is the float matmul of the
-// dequantized weights (up to summation order: per block, d * sum(q x) + m * sum(x)), with no activation rounding.
-// Each 32-bit lane holds one row's 4 codes of a chunk; constant shifts walk them (low byte / nibble first).
-template <typename S, int MB>
-inline void q4x8_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
-  const int64_t nb = a.K / QK;
-  const __m256i low = _mm256_set1_epi32(0x0F);
-  const uint8_t* wg = a.w + g * nb * 128;
-  const S* dg = static_cast<const S*>(a.d) + g * nb * 8;
-  const S* mg = static_cast<const S*>(a.m) + g * nb * 8;
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    __m256 s[MB];
-    for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_ps();
-    for (int t = 0; t < 4; ++t) {
-      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 128 + t * 32));
-      for (int j = 0; j < 4; ++j, v = _mm256_srli_epi32(v, 8)) {
-        const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
-        const __m256 hi = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4), low));
-        for (int m = 0; m < MB; ++m) {
-          const float* xb = a.x + (m0 + m) * a.K + blk * QK;
-          s[m] = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(xb + 4 * t + j), s[m]);
-          s[m] = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(xb + 4 * (t + 4) + j), s[m]);
-        }
-      }
-    }
-    const __m256 dv = load8(dg + blk * 8), mv = load8(mg + blk * 8);
-    for (int m = 0; m < MB; ++m) {
-      acc[m] = _mm256_fmadd_ps(s[m], dv, acc[m]);
-      acc[m] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(a.xs + (m0 + m) * nb + blk), acc[m]);
-    }
-  }
-  store8<MB>(a, acc, g, m0);
-}
-
-// int8 codes: a byte is sign-extended by shifting it to the top of its lane and back (arithmetic).
-template <typename S, bool PER_BLOCK, bool HALF, int MB>
-inline void q8x8_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
-  const int64_t nb = a.K / QK;
-  const uint8_t* wg = a.w + g * nb * 256;
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    __m256 s[MB], h[MB];
-    for (int m = 0; m < MB; ++m) s[m] = h[m] = _mm256_setzero_ps();
-    for (int t = 0; t < 8; ++t) {
-      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 256 + t * 32));
-      for (int j = 0; j < 4; ++j, v = _mm256_srli_epi32(v, 8)) {
-        const __m256 w = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24));
-        for (int m = 0; m < MB; ++m) {
-          const __m256 xv = _mm256_broadcast_ss(a.x + (m0 + m) * a.K + blk * QK + 4 * t + j);
-          if (HALF && t >= 4) h[m] = _mm256_fmadd_ps(w, xv, h[m]);
-          else s[m] = _mm256_fmadd_ps(w, xv, s[m]);
-        }
-      }
-    }
-    for (int m = 0; m < MB; ++m)
-      acc[m] = block_fma<S, PER_BLOCK, HALF, false>(acc[m], s[m], h[m], a, g, blk, 1.f,
-                                                    a.xs ? a.xs[(m0 + m) * nb + blk] : 0.f);
-  }
-  finish_x8<S, PER_BLOCK, MB>(a, acc, g, m0);
-}
-
-// Up to 4 activation rows share each widened weight vector (4 accumulators + 4 block sums fit AVX2's 16
-// registers beside the weights).
-template <class Tile1, class Tile4>
-torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, Tile1 tile1, Tile4 tile4, int64_t G) {
-  auto y = torch::empty({x.size(0), a.N}, x.options());
-  a.y = y.data_ptr<float>();
-  a.x = x.data_ptr<float>();
-  a.M = x.size(0);
-  const int64_t nb = a.K / QK;
-  std::vector<float> sums(need_sums ? a.M * nb : 0);
-  for (int64_t i = 0; i < static_cast<int64_t>(sums.size()); ++i) {
-    const float* v = a.x + (i / nb) * a.K + (i % nb) * QK;
-    __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8)),
-                             _mm256_add_ps(_mm256_loadu_ps(v + 16), _mm256_loadu_ps(v + 24)));
-    sums[i] = hsum(t);
-  }
-  a.xs = sums.data();
-  at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      int64_t mm = 0;
-      for (; mm + 4 <= a.M; mm += 4) tile4(a, g, mm);
-      for (; mm < a.M; ++mm) tile1(a, g, mm);
-    }
-  });
-  return y;
-}
-
-torch::Tensor linear_q4x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                              const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
-  const X8Layout l = q4x8_layout(x, q, d, m, b, N);
-  if (l.fp16_scales) return run_f32(x, l.args, true, q4x8_f32_tile<at::Half, 1>, q4x8_f32_tile<at::Half, 4>, l.G);
-  return run_f32(x, l.args, true, q4x8_f32_tile<float, 1>, q4x8_f32_tile<float, 4>, l.G);
-}
-
-template <typename S>
-torch::Tensor run_q8x8_f32(const torch::Tensor& x, const X8Layout& l) {
-  if (l.sub16) return run_f32(x, l.args, false, q8x8_f32_tile<S, true, true, 1>, q8x8_f32_tile<S, true, true, 4>, l.G);
-  if (l.per_block)
-    return run_f32(x, l.args, l.has_m, q8x8_f32_tile<S, true, false, 1>, q8x8_f32_tile<S, true, false, 4>, l.G);
-  return run_f32(x, l.args, false, q8x8_f32_tile<S, false, false, 1>, q8x8_f32_tile<S, false, false, 4>, l.G);
-}
-
-torch::Tensor linear_q8x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                              const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
-  const X8Layout l = q8x8_layout(x, q, d, m, b, N);
-  return l.fp16_scales ? run_q8x8_f32<at::Half>(x, l) : run_q8x8_f32<float>(x, l);
-}
 
 torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                         const torch::Tensor& lut, const c10::optional<torch::Tensor>& b) {

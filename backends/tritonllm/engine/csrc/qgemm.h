@@ -1,0 +1,87 @@
+// Shared by the int8 / int4 kernels (qgemm_cpu.cpp: int8 activations, qgemm_f32_cpu.cpp: fp32 activations):
+// the interleaved weight layout, the tiles' arguments, their scale loads and stores.
+#pragma once
+#include <torch/extension.h>
+#include <immintrin.h>
+#include <algorithm>
+
+namespace tk_qgemm {
+
+constexpr int QK = 32;
+
+// Weights of 8 rows interleaved per 32-block (layouts written by engine/quant.py): rows in groups of 8 (N
+// padded with zero rows), one 32-bit lane per row. Chunk t of a block holds, at byte 4r + j, row r's code(s)
+// for input 4t + j; maddubs with the activations' 4 codes of that chunk broadcast to every lane gives each
+// row's partial dot product in its own lane: no horizontal sums, and a block's scales are one vector
+// multiply for 8 rows.
+//   int8: 8 chunks of 32 bytes per group and block, codes -128..127; d [G, 8] per row, or d and m
+//         [G, nb, 8] per row and block (checkpoints' 8-bit groups: weight = d * q + m), or d [G, 2 nb, 8] per
+//         row and 16-element half block (GGUF's Q6_K / Q3_K), no m.
+//   int4: 4 chunks of 32 bytes, the low nibble for input 4t + j, the high one for 4(t + 4) + j; codes 0..15,
+//         d and m [G, nb, 8] (weight = d * q + m, m = -d * zero point).
+//   Scales (d, m) are fp32, or fp16 where every one of a weight's is exactly a float16 (GGUF's Q4_0 / Q4_1 /
+//   Q8_0 blocks: half the scale bytes, a fifth of an int4 weight's traffic); the tiles take their type S.
+// x and xs (the fp32-activation kernels': activations and their per-block sums) are set by run_f32.
+struct X8Args { const uint8_t* w; const void* d; const void* m; const float* b; float* y; int64_t M, K, N;
+                const float* x = nullptr; const float* xs = nullptr; };
+
+template <typename S> inline __m256 load8(const S* p);
+template <> inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
+template <> inline __m256 load8<at::Half>(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+
+template <int MB>
+inline void store8(const X8Args& a, const __m256 (&acc)[MB], int64_t g, int64_t m0) {
+  const int64_t n0 = g * 8, rows = std::min<int64_t>(8, a.N - n0);
+  for (int m = 0; m < MB; ++m) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[m]);
+    float* y = a.y + (m0 + m) * a.N + n0;
+    for (int64_t r = 0; r < rows; ++r) y[r] = a.b ? out[r] + a.b[n0 + r] : out[r];
+  }
+}
+
+// One block of an int8-code tile into a row's accumulator, for both activation modes: the block's sums s (and h,
+// the second half's, HALF) times the block's weight scales and, with int8 activations (XD), the row's own block
+// scale xd; asymmetric codes add m * xsum (the block's activation sum). Without per-block scales the per-row scale
+// is applied once, after the last block (finish_x8).
+template <typename S, bool PER_BLOCK, bool HALF, bool XD>
+inline __m256 block_fma(__m256 acc, __m256 s, __m256 h, const X8Args& a, int64_t g, int64_t blk, float xd, float xsum) {
+  const int64_t nb = a.K / QK;
+  const S* d = static_cast<const S*>(a.d);
+  const S* mm = static_cast<const S*>(a.m);
+  const __m256 xv = _mm256_set1_ps(xd);
+  if (HALF) {
+    const S* dh = d + (g * nb + blk) * 16;
+    acc = _mm256_fmadd_ps(s, XD ? _mm256_mul_ps(load8(dh), xv) : load8(dh), acc);
+    return _mm256_fmadd_ps(h, XD ? _mm256_mul_ps(load8(dh + 8), xv) : load8(dh + 8), acc);
+  }
+  if (PER_BLOCK) {
+    const __m256 dv = load8(d + (g * nb + blk) * 8);
+    acc = _mm256_fmadd_ps(s, XD ? _mm256_mul_ps(dv, xv) : dv, acc);
+    return mm ? _mm256_fmadd_ps(load8(mm + (g * nb + blk) * 8), _mm256_set1_ps(xsum), acc) : acc;
+  }
+  return XD ? _mm256_fmadd_ps(s, xv, acc) : _mm256_add_ps(acc, s);
+}
+
+template <typename S, bool PER_BLOCK, int MB>
+inline void finish_x8(const X8Args& a, __m256 (&acc)[MB], int64_t g, int64_t m0) {
+  if (!PER_BLOCK) {
+    const __m256 dv = load8(static_cast<const S*>(a.d) + g * 8);
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_mul_ps(acc[m], dv);
+  }
+  store8<MB>(a, acc, g, m0);
+}
+
+
+// A weight's layout, checked once for both activation modes: the kernel arguments and which tiles apply.
+struct X8Layout { X8Args args; int64_t G; bool fp16_scales, per_block, sub16, has_m; };
+
+X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
+                     const c10::optional<torch::Tensor>& b, int64_t N);
+X8Layout q8x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                     const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N);
+
+}  // namespace tk_qgemm
