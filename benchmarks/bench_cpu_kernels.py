@@ -3,7 +3,9 @@
 1. linear: the weight shapes of the `make bench` model (12 layers of qkv / o / gate_up / down + lm_head,
    400 MB fp32) multiplied by M activation rows, through MKL (F.linear), oneDNN (the engine's torch path)
    and the native kernel; then the same weights as int8 and int4 (g32) as the engine multiplies them (the
-   int8-dot kernels up to 96 rows, native dequant + oneDNN above) and int4 dequantized in torch per call.
+   int8-dot kernels up to 96 rows, native dequant + oneDNN above), int4 with fp32 activations
+   (activation_quantization none: codes widened in registers, dequantized tiles from 8 rows, native dequant +
+   oneDNN past 256) and int4 dequantized in torch per call.
    Best of --repeat runs; GB/s is fp32 weight bytes / time, GFLOP/s is 2 M params / time (native fp32).
 2. decode step: the engine with cpu_kernels=torch vs native, steady-state decode steps at batch 1, 16, 64
    (all requests past prefill, ~128-token contexts). The two engines alternate, best of --repeat.
@@ -61,9 +63,13 @@ def linear_sweep(rows: list[int], repeat: int) -> list[dict]:
     int8 = [Int8Weight(w, ext) for w in weights]
     int4 = [Int4Weight(w, 32, False, ext) for w in weights]
     int4_torch = [Int4Weight(w, 32, False) for w in weights]               # dequantized in torch per call
+    int4_f32 = [Int4Weight(w, 32, False, ext) for w in weights]             # activation_quantization: none
+    for q in int4_f32:
+        q.use_kernels(ext, int8_activations=False)
     impls = {"mkl": lambda x, i: F.linear(x, weights[i]), "onednn": lambda x, i: onednn_linear(x, weights[i]),
              "native": lambda x, i: ext.linear(x, weights[i]), "int8": lambda x, i: int8[i].matmul(x, None),
-             "int4": lambda x, i: int4[i].matmul(x, None), "int4_torch": lambda x, i: int4_torch[i].matmul(x, None)}
+             "int4": lambda x, i: int4[i].matmul(x, None), "int4_f32": lambda x, i: int4_f32[i].matmul(x, None),
+             "int4_torch": lambda x, i: int4_torch[i].matmul(x, None)}
     out = []
     for m in rows:
         xs = {k: torch.randn(m, k, generator=g) for k in {s[1] for s in shapes}}
@@ -118,12 +124,12 @@ def main() -> None:
     dec = decode_steps([int(x) for x in args.batches.split(",")], args.repeat)
     print(f"\nlinear, {torch.get_num_threads()} threads: time of all bench-model weights x M rows (best of runs)")
     print(f"{'M':>4} {'MKL ms':>8} {'oneDNN ms':>10} {'native ms':>10} {'GB/s':>6} {'GFLOP/s':>8} {'vs oneDNN':>10}"
-          f" {'int8 ms':>8} {'int4 ms':>8} {'int4, torch dequant ms':>23}")
+          f" {'int8 ms':>8} {'int4 ms':>8} {'int4 fp32-act ms':>17} {'int4, torch dequant ms':>23}")
     for r in lin:
         n = r["native"]
         print(f"{r['M']:4d} {r['mkl']['ms']:8.1f} {r['onednn']['ms']:10.1f} {n['ms']:10.1f} {n['GBps']:6.1f} "
               f"{n['GFLOPs']:8.0f} {r['onednn']['ms'] / n['ms']:9.2f}x {r['int8']['ms']:8.1f} {r['int4']['ms']:8.1f}"
-              f" {r['int4_torch']['ms']:23.1f}")
+              f" {r['int4_f32']['ms']:17.1f} {r['int4_torch']['ms']:23.1f}")
     print("\ndecode step (steady state, ~128-token contexts)")
     print(f"{'batch':>5} {'torch ms':>9} {'native ms':>10} {'torch tok/s':>12} {'native tok/s':>13} {'ratio':>7}")
     for r in dec:
@@ -144,7 +150,7 @@ def plot(lin: list[dict], dec: list[dict], path: str) -> None:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     ms = [r["M"] for r in lin]
-    for name in ("mkl", "onednn", "native", "int8", "int4"):
+    for name in ("mkl", "onednn", "native", "int8", "int4", "int4_f32"):
         a.plot(ms, [r[name]["GFLOPs"] for r in lin], marker="o", label=name)
     a.set(xscale="log", xlabel="rows M", ylabel="GFLOP/s", title="linear over the bench model's weights")
     bs = [r["batch"] for r in dec]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -82,6 +83,16 @@ def params_from(args: argparse.Namespace) -> GenerationParams:
         stop_words=list(args.stop), bad_words=list(args.bad_word), lora_task_id=args.lora_task_id)
 
 
+def reachable(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether anything accepts a TCP connection at host:port (the client libraries' errors do not say)."""
+    host, _, port = url.rpartition(":")
+    try:
+        socket.create_connection((host or "localhost", int(port)), timeout=timeout_s).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
@@ -98,9 +109,15 @@ def main(argv=None) -> int:
             log_probs.extend(chunk.log_probs or [])
             if not args.json:
                 print(chunk.text, end="", flush=True)
-    except TritonError as e:
-        print(f"\nerror: {e.message}", file=sys.stderr)
-        return 1
+    except Exception as e:  # the server's error, or the transport's own (a gRPC stream, a refused connection)
+        if not reachable(url):
+            print(f"\nerror: cannot connect to {url} ({args.protocol}): no server listens there. Start one with "
+                  f"`make serve` (HTTP 8000, gRPC 8001) or pass --url host:port", file=sys.stderr)
+            return 1
+        if isinstance(e, TritonError):
+            print(f"\nerror: {e.message}", file=sys.stderr)
+            return 1
+        raise
     summary = timing.finish().summary()
     if args.json:
         print(json.dumps({"text": "".join(text), **summary, **({"log_probs": log_probs} if log_probs else {})}))

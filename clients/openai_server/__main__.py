@@ -72,6 +72,12 @@ def main(argv=None) -> int:
                               api_key=args.api_key, tool_call_parser=args.tool_call_parser,
                               reasoning_parser=args.reasoning_parser, max_request_bytes=args.max_request_bytes,
                               request_body_timeout_s=args.request_body_timeout_s))
+    from clients.llm_client import reachable
+    from clients.openai_server.triton import unreachable_message
+
+    if not reachable(args.triton_url):  # Triton may come up later: say so now, serve 503 with the same words
+        print(f"[openai_server] warning: {unreachable_message(args.triton_url)}; requests answer 503 until it is "
+              f"up", file=sys.stderr, flush=True)
     auth = "API key required" if args.api_key else "no API key (open)"
     print(f"[openai_server] http://{args.host}:{args.port}/v1 -> Triton {args.triton_url} ({args.model}); {auth}",
           file=sys.stderr, flush=True)

@@ -64,6 +64,11 @@ def api_error(message: str, grpc_status: str | None = None) -> ApiError:
     return ApiError(status, message, kind)
 
 
+def unreachable_message(url: str) -> str:
+    return (f"cannot reach Triton at {url} (gRPC): start it with `make serve`, or point this server at its gRPC "
+            f"port (make openai GRPC_PORT=..., --triton-url host:port)")
+
+
 class TritonText:
     """A text model behind Triton's gRPC endpoint: ``tensorrt_llm`` with the BLS's text steps run here
     (``direct.TextSteps``: needs the tokenizer), or ``tensorrt_llm_bls`` / ``ensemble`` doing them in Triton."""
@@ -108,8 +113,16 @@ class TritonText:
                 self._resolved = (now, name)
                 return name
         self._resolved = None
+        if not await self._live():
+            raise ApiError(503, unreachable_message(self.url), "service_unavailable")
         wanted = self.model + (f" or {self.fallback}" if self.fallback else "")
         raise ApiError(503, f"Triton at {self.url} has no ready model {wanted}", "service_unavailable")
+
+    async def _live(self) -> bool:
+        try:
+            return bool(await self.client.is_server_live())
+        except (InferenceServerException, grpc.RpcError):
+            return False
 
     async def ready_models(self, names: tuple[str, ...]) -> list[str]:
         return [n for n in names if await self._ready(n)]

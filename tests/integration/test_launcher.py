@@ -79,3 +79,25 @@ def test_broken_model_is_named_in_the_failure(tmp_path):
     assert "a_module_that_does_not_exist" in message
     assert "--- tritonserver log tail ---" in message
     assert server.process is None  # stopped, nothing left running
+
+
+def test_a_port_in_use_is_named_with_how_to_choose_another(tmp_path):
+    """Triton's own message ("Socket '0.0.0.0:N' already in use") is only in its log: the error says which port
+    and which option moves it, instead of "did not become ready"."""
+    import socket
+
+    repo = tmp_path / "models"
+    _model(repo, "double", DOUBLE)
+    server = _server(tmp_path, repo)
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", server.grpc_port))
+    taken.listen(1)
+    try:
+        with pytest.raises(ServerStartError) as err:
+            server.start(timeout=120)
+    finally:
+        taken.close()
+    first = str(err.value).splitlines()[1]
+    assert first.startswith(f"port {server.grpc_port} is already in use"), str(err.value)
+    assert "GRPC_PORT=" in first and "--grpc-port" in first
+    assert "did not become ready" not in str(err.value)

@@ -194,11 +194,15 @@ def test_health_generate_runs_one_token_through_triton(openai_url, keyed_server)
         assert r.status == 200 and body["status"] == "ok" and body["completion_tokens"] == 1, body
 
 
-def test_health_generate_is_503_with_the_reason_when_triton_is_down():
+def test_health_generate_is_503_with_the_reason_when_triton_is_down(tmp_path):
+    """Started before (or without) Triton: a warning at start, and /health and a request name the unreachable
+    address (not "no ready model")."""
     port, dead = find_free_ports(2)  # nothing listens on `dead`
-    proc = subprocess.Popen([sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
-                             "--triton-url", f"127.0.0.1:{dead}", "--tokenizer-dir", "", "--log-level", "warning"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "openai.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port",
+                                 str(port), "--triton-url", f"127.0.0.1:{dead}", "--tokenizer-dir", "",
+                                 "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -212,6 +216,15 @@ def test_health_generate_is_503_with_the_reason_when_triton_is_down():
             except OSError:  # not listening yet
                 assert proc.poll() is None and time.monotonic() < deadline, "OpenAI server did not start"
                 time.sleep(0.3)
+        assert f"warning: cannot reach Triton at 127.0.0.1:{dead}" in log.read_text()
+        completion = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", method="POST",
+                                            data=json.dumps({"model": "tritonllm", "prompt": "hi"}).encode(),
+                                            headers={"Content-Type": "application/json"})
+        for req in (f"http://127.0.0.1:{port}/health", completion):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=40)
+            assert e.value.code == 503
+            assert f"cannot reach Triton at 127.0.0.1:{dead}" in e.value.read().decode(), req
     finally:
         proc.terminate()
         proc.wait(timeout=10)

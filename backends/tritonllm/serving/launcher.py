@@ -105,6 +105,13 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"localhost:{self.metrics_port}"
 
+    def port_options(self) -> dict[int, str]:
+        """Each port -> how a user of `make serve` or of this launcher picks another."""
+        return {self.http_port: f"make serve HTTP_PORT=... (launcher --http-port; HTTP, now {self.http_port})",
+                self.grpc_port: f"make serve GRPC_PORT=... (launcher --grpc-port; gRPC, now {self.grpc_port})",
+                self.metrics_port: f"make serve METRICS_PORT=... (launcher --metrics-port; metrics, now "
+                                   f"{self.metrics_port})"}
+
     def command(self, backend_dir: Path) -> list[str]:
         cmd = [str(self.binary)]
         for repo in self.repositories:
@@ -156,12 +163,14 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerStartError(
-                    f"tritonserver exited with code {self.process.returncode}\n" + describe_failure(self.read_log())
+                    f"tritonserver exited with code {self.process.returncode}\n"
+                    + describe_failure(self.read_log(), port_options=self.port_options())
                 )
             if self.is_ready():
                 return
             time.sleep(0.25)
-        raise ServerStartError(f"tritonserver not ready after {timeout:.0f} s\n" + describe_failure(self.read_log()))
+        raise ServerStartError(f"tritonserver not ready after {timeout:.0f} s\n"
+                               + describe_failure(self.read_log(), port_options=self.port_options()))
 
     def start(self, timeout: float = 300.0) -> "TritonServer":
         self.launch()
@@ -309,7 +318,7 @@ def serve_foreground(server: TritonServer, timeout: float) -> int:
     finally:
         code = server.stop()
     if not ready.is_set():
-        print("\n" + failure_summary(server.read_log()), file=sys.stderr)
+        print("\n" + failure_summary(server.read_log(), server.port_options()), file=sys.stderr)
         return code or 1
     return 0
 

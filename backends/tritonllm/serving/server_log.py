@@ -1,4 +1,4 @@
-"""Read tritonserver's log: which models failed to load and why.
+"""Read tritonserver's log: which models failed to load and why, or which port was already taken.
 
 Triton reports a load failure twice: an error line ``failed to load '<name>' version N: <reason>`` and a
 row ``| <name> | N | UNAVAILABLE: <reason> |`` in the model status table printed at startup. Both are
@@ -10,6 +10,9 @@ import re
 
 _FAILED_LINE = re.compile(r"failed to load '([^']+)'(?: version \d+)?: (.*?)\"?$")
 _TABLE_ROW = re.compile(r"^\|\s*([^|\s]+)\s*\|\s*(-?\d+)\s*\|\s*(UNAVAILABLE[^|]*?)\s*\|?\s*$")
+# Triton probes each endpoint's port before serving: "failed to start HTTP service: Unavailable - Socket
+# '0.0.0.0:8000' already in use" (likewise GRPC and Metrics).
+_PORT_IN_USE = re.compile(r"Socket '[^']*:(\d+)' already in use")
 
 
 def _first_line(reason: str) -> str:
@@ -31,8 +34,20 @@ def failed_models(log_text: str) -> dict[str, str]:
     return found
 
 
-def failure_summary(log_text: str) -> str:
-    """One line naming the models that failed to load, then one indented line per model with its reason."""
+def ports_in_use(log_text: str) -> list[int]:
+    """The ports tritonserver found taken, in the log's order."""
+    return list(dict.fromkeys(int(p) for p in _PORT_IN_USE.findall(log_text)))
+
+
+def failure_summary(log_text: str, port_options: dict[int, str] | None = None) -> str:
+    """What kept tritonserver from becoming ready, in a line each: a port already in use (with
+    ``port_options[port]``, how to choose another), or the models that failed to load and their reasons."""
+    taken = ports_in_use(log_text)
+    if taken:
+        return "\n".join(
+            f"port {p} is already in use (another server listens there: `ss -ltnp | grep :{p}` shows it); stop it "
+            f"or choose another port" + (f": {port_options[p]}" if port_options and p in port_options else "")
+            for p in taken)
     failed = failed_models(log_text)
     if not failed:
         return "tritonserver did not become ready (no model reported a load failure)"
@@ -40,7 +55,7 @@ def failure_summary(log_text: str) -> str:
         f"\n  - {name}: {why}" for name, why in failed.items())
 
 
-def describe_failure(log_text: str, tail_lines: int = 60) -> str:
+def describe_failure(log_text: str, tail_lines: int = 60, port_options: dict[int, str] | None = None) -> str:
     """The summary, then the last ``tail_lines`` lines of the log."""
     tail = "\n".join(log_text.splitlines()[-tail_lines:]) if tail_lines > 0 else ""
-    return f"{failure_summary(log_text)}\n--- tritonserver log tail ---\n{tail}"
+    return f"{failure_summary(log_text, port_options)}\n--- tritonserver log tail ---\n{tail}"
