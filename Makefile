@@ -12,6 +12,8 @@ VENV_STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 HTTP_PORT ?=
 GRPC_PORT ?=
 METRICS_PORT ?=
+# Address Triton's endpoints (and make openai) bind; empty = every interface (0.0.0.0). make serve HOST=127.0.0.1
+HOST ?=
 # Extra tritonserver arguments, e.g. make serve SERVE_ARGS="--model-config-name trtllm"
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
@@ -56,6 +58,7 @@ serve: build
 		$(if $(HTTP_PORT),--http-port $(HTTP_PORT)) \
 		$(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
 		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT)) \
+		$(if $(HOST),--host $(HOST)) \
 		$(if $(SERVE_ARGS),-- $(SERVE_ARGS))
 
 # pytest exits 5 when it collects no test; that is reported, not hidden, but it is not a failure here.
@@ -167,6 +170,7 @@ GENAI_VENV ?= build/perf/genai-venv
 .PHONY: openai perf
 openai: build
 	$(PY) -m clients.openai_server --port $(OPENAI_PORT) $(if $(GRPC_PORT),--triton-url localhost:$(GRPC_PORT)) \
+		$(if $(HOST),--host $(HOST)) \
 		$(if $(OPENAI_LORA_MODULES),--lora-modules $(OPENAI_LORA_MODULES)) \
 		$(if $(OPENAI_TOOL_CALL_PARSER),--tool-call-parser $(OPENAI_TOOL_CALL_PARSER)) \
 		$(if $(OPENAI_REASONING_PARSER),--reasoning-parser $(OPENAI_REASONING_PARSER))

@@ -354,6 +354,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=ports["http_port"])
     parser.add_argument("--grpc-port", type=int, default=ports["grpc_port"])
     parser.add_argument("--metrics-port", type=int, default=ports["metrics_port"])
+    parser.add_argument("--host", default=os.environ.get("HOST") or None,
+                        help="address the three endpoints bind (env HOST; default tritonserver's 0.0.0.0: every "
+                             "interface); 127.0.0.1 serves this machine only")
     parser.add_argument("--model-repository", action="append", dest="repositories",
                         help="repeatable; default: model_repository and ensembles")
     parser.add_argument("--log-path", default=None, help="default build/logs/tritonserver-<http port>.log")
@@ -365,6 +368,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                              "needed (auto); see tritonllm.serving.watchdog")
     args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
     extra = [a for a in extra if a != "--"]
+    if args.host:
+        extra = [f"--{kind}-address={args.host}" for kind in ("http", "grpc", "metrics")] + extra
     server = TritonServer(
         args.http_port, args.grpc_port, args.metrics_port,
         repositories=args.repositories or DEFAULT_REPOSITORIES, log_path=args.log_path,
