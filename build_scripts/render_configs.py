@@ -112,12 +112,13 @@ class DeploymentError(ValueError):
 
 # --------------------------------------------------------------------------- building blocks
 
-def param_str(value) -> str:
+def param_str(value, where: str = "a parameter") -> str:
     """YAML scalar -> Triton string_value (booleans as true/false, as NVIDIA's backends parse them)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
-        raise DeploymentError("a parameter value is empty (null)")
+        raise DeploymentError(f"deployment.yaml: {where} is empty (null): give it a value, or delete the line for "
+                              f"its default")
     return str(value)
 
 
@@ -142,7 +143,9 @@ def path_for_config(value: str, model_dir: Path, repo: Path) -> str:
 
 def set_params(cfg: mc.ModelConfig, params: dict, model_dir: str, repo: Path) -> None:
     for key, value in params.items():
-        text = param_str(value)
+        if key == "lora_adapters" and value is None:  # every entry commented out: no adapters
+            value = {}
+        text = param_str(value, f"models.{Path(model_dir).name}.parameters.{key}")
         if key in PATH_PARAMS:
             text = path_for_config(text, Path(model_dir), repo)
         elif key == "lora_adapters":  # {task id: folder} -> "1=<folder relative to the model dir>,..."

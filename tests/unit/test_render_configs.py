@@ -296,3 +296,16 @@ def test_the_knob_table_is_the_one_definition():
             assert getattr(config, knob.field) == value, param
     with pytest.raises(ValueError, match="engine_dtype"):
         engine_config_from_parameters({"engine_dtype": "float64"})
+
+
+def test_an_empty_value_names_its_key_and_empty_lora_adapters_means_none(deployment):
+    """`key:` with its value commented out: the error says which key; `lora_adapters:` with every entry commented
+    out renders as no adapters."""
+    bad = copy.deepcopy(deployment)
+    bad["models"]["tensorrt_llm"]["parameters"]["max_queue_size"] = None
+    with pytest.raises(rc.DeploymentError, match=r"models\.tensorrt_llm\.parameters\.max_queue_size is empty"):
+        rc.render_default(bad, ROOT)
+    none = copy.deepcopy(deployment)
+    none["models"]["tensorrt_llm"]["parameters"]["lora_adapters"] = None
+    configs = rc.render_default(none, ROOT)
+    assert configs[C.TENSORRT_LLM].parameters["lora_adapters"].string_value == ""
