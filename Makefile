@@ -104,13 +104,19 @@ test: demo dynamo-venv
 	@set +e; $(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "==> [test] pytest collected no tests"; exit 0; fi; exit $$rc
 
+# clean: build outputs (models, configs' artifacts, logs, benchmark results); keeps what takes long to fetch or
+# compile again: the peers under build/peers (~6 GB), build/dynamo-venv and build/perf/genai-venv.
+# distclean: everything, virtualenvs included.
 clean:
-	rm -rf build .pytest_cache
+	@mkdir -p build
+	find build -mindepth 1 -maxdepth 1 ! -name peers ! -name dynamo-venv ! -name perf -exec rm -rf {} +
+	@if [ -d build/perf ]; then find build/perf -mindepth 1 -maxdepth 1 ! -name genai-venv -exec rm -rf {} +; fi
+	rm -rf .pytest_cache
 	rm -f model_repository/*/1/model.onnx
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -path ./$(VENV) -prune -o -path ./build -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) *.egg-info backends/*.egg-info
+	rm -rf build $(VENV) *.egg-info backends/*.egg-info
 
 # Engine benchmarks (not part of `make test`): ratios against HF transformers measured in the same run,
 # machine bounds measured on the spot, plots under build/bench/.
