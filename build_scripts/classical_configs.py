@@ -55,7 +55,9 @@ def _base(pb, name: str, onnx_path: Path):
     return cfg
 
 
-def cpu_config(name: str, onnx_path: Path, allow_nan: bool):
+def cpu_config(name: str, onnx_path: Path, allow_nan: bool, classes: list | None = None):
+    """``classes``: the class of each probability column, in order (scikit-learn's classes_), as a JSON list in
+    the parameter ``classes`` (clients read it from the model config: clients/classify.py)."""
     from tritonclient.grpc import model_config_pb2 as pb
 
     cfg = _base(pb, name, onnx_path)
@@ -64,6 +66,8 @@ def cpu_config(name: str, onnx_path: Path, allow_nan: bool):
         out.ClearField("reshape")  # our backend returns [N, 1] itself
     cfg.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_CPU)
     params = {"intra_op_num_threads": "1", "inter_op_num_threads": "1", "allow_nan": str(allow_nan).lower()}
+    if classes:
+        params["classes"] = json.dumps(classes)
     for k, v in params.items():
         cfg.parameters[k].string_value = v
     return cfg
@@ -100,7 +104,8 @@ def write_configs(repo: Path, out: Path) -> None:
         meta = json.loads(meta_file.read_text())
         name = meta["name"]
         onnx_path = repo / name / "1" / "model.onnx"
-        _write_if_changed(repo / name / "config.pbtxt", render(cpu_config(name, onnx_path, meta["allow_nan"])))
+        cpu = cpu_config(name, onnx_path, meta["allow_nan"], meta.get("classes"))
+        _write_if_changed(repo / name / "config.pbtxt", render(cpu))
         _write_if_changed(
             repo / name / "configs" / f"{GPU_CONFIG_NAME}.pbtxt", render(gpu_config(name, onnx_path), GPU_NOTE)
         )

@@ -7,8 +7,9 @@ Input kind follows the model's metadata: BYTES models take text, FP32 models tak
   python clients/classify.py -u localhost:8001 -i grpc -m tabular_rf --rows '[[0.1, ...16 values...]]'
   python clients/classify.py -m tabular_hgb --npy build/classical/tabular_hgb/inputs.npy --limit 5
 
-Prints one JSON object per input row: {"label": ..., "probabilities": [...]}; with the model's
-class order when known. Exit code 1 on an inference error, with Triton's message on stderr.
+Prints one JSON object per input row: {"label": ..., "probabilities": {class: p, ...}} (the classes from the
+model config's ``classes`` parameter; a plain list where a model has none). Exit code 1 on an inference error,
+with Triton's message on stderr.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def _input_meta(client, protocol: str, model: str) -> tuple[str, str, list[int]]
         return inp.name, inp.datatype, list(inp.shape)
     inp = meta["inputs"][0]
     return inp["name"], inp["datatype"], list(inp["shape"])
+
+
+def _classes(client, protocol: str, model: str) -> list | None:
+    """The class of each probability column, from the model config's ``classes`` parameter (a JSON list that
+    build_scripts/classical_configs.py writes from scikit-learn's classes_), or None."""
+    cfg = client.get_model_config(model, as_json=True)["config"] if protocol == "grpc" else \
+        client.get_model_config(model)
+    raw = cfg.get("parameters", {}).get("classes", {}).get("string_value")
+    return json.loads(raw) if raw else None
 
 
 def _rows(args, datatype: str, shape: list[int]) -> np.ndarray:
@@ -74,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         inp.set_data_from_numpy(x)
         outs = [mod.InferRequestedOutput("label"), mod.InferRequestedOutput("probabilities")]
         result = client.infer(args.model, [inp], outputs=outs)
+        classes = _classes(client, args.protocol, args.model)
     except InferenceServerException as e:
         print(f"error: {e.message()}", file=sys.stderr)
         return 1
@@ -83,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     proba = result.as_numpy("probabilities")
     for label, pr in zip(labels, proba):
         label = label.decode() if isinstance(label, bytes) else label.item()
-        print(json.dumps({"label": label, "probabilities": [round(float(v), 6) for v in pr]}))
+        probs = [round(float(v), 6) for v in pr]
+        if classes and len(classes) == len(probs):
+            probs = {str(c): p for c, p in zip(classes, probs)}
+        print(json.dumps({"label": label, "probabilities": probs}))
     return 0
 
 

@@ -214,3 +214,25 @@ def test_text_classifier_takes_bytes_and_rejects_bad_utf8(clients, proto):
     np.testing.assert_allclose(out["probabilities"].sum(axis=1), 1.0, atol=1e-5)
     e = _reject(clients, proto, "prompt_guard", "text", np.array([[b"ok"], [b"\xff\xfe bad"]], dtype=object))
     assert "UTF-8" in e.message()
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS)
+def test_classify_client_names_the_classes_of_its_probabilities(clients, proto, capsys):
+    """clients/classify.py reads the classes from the config's `classes` parameter (scikit-learn's classes_, in
+    column order): each probability is keyed by its class, and the label is the most probable one."""
+    from clients import classify
+
+    url = clients.urls[proto]
+    ref = _load("prompt_guard")
+    texts = json.loads((DATA / "prompt_guard" / "inputs.json").read_text())[:3]
+    assert classify.main(["-u", url, "-i", proto, "-m", "prompt_guard", *texts]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 3
+    for row, want in zip(rows, ref["probabilities"][:3]):
+        assert list(row["probabilities"]) == ref["meta"]["classes"] == ["complex", "simple", "unsafe"]
+        assert np.allclose(list(row["probabilities"].values()), want, atol=PROBA_ATOL)
+        assert row["label"] == max(row["probabilities"], key=row["probabilities"].get)
+    npy = str(DATA / "tabular_hgb" / "inputs.npy")
+    assert classify.main(["-u", url, "-i", proto, "-m", "tabular_hgb", "--npy", npy, "--limit", "2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and all(list(r["probabilities"]) == ["0", "1"] for r in rows)

@@ -134,19 +134,6 @@ inline void q8x8_dequant_tile(const X8Args& a, int64_t g, float* tile) {
   }
 }
 
-// One output vector (8 rows of one group) of one activation row, plus the bias.
-inline void put8(const X8Args& a, __m256 r, int64_t g, int64_t row) {
-  const int64_t n0 = g * 8, rows = std::min<int64_t>(8, a.N - n0);
-  float* y = a.y + row * a.N + n0;
-  if (rows == 8) {
-    _mm256_storeu_ps(y, a.b ? _mm256_add_ps(r, _mm256_loadu_ps(a.b + n0)) : r);
-    return;
-  }
-  alignas(32) float t[8];
-  _mm256_store_ps(t, r);
-  for (int64_t i = 0; i < rows; ++i) y[i] = a.b ? t[i] + a.b[n0 + i] : t[i];
-}
-
 // MB activation rows against the dequantized tiles of NV groups (16 weight rows side by side, as BLIS' 6 x 16
 // AVX2 micro-kernel): per input NV weight vectors, MB broadcasts, MB x NV FMAs in 12 accumulators.
 template <int MB, int NV>
