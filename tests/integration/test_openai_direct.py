@@ -44,12 +44,19 @@ def _post(url: str, path: str, body: dict, stream: bool = False):
         return e.code, json.loads(e.read())
 
 
-def _comparable(answer):
-    """The answer without what differs by design between two calls (ids, times, the model name echoed)."""
+def _comparable(answer, tolerant=False):
+    """The answer without what differs by design between two calls (ids, times, the model name echoed).
+
+    Logprobs are kept to 1e-4: the second call's prompt is served from the prefix cache, so its first step
+    attends over cached KV in a different summation order and a logprob moves in the sixth decimal
+    (CI saw -0.0554037 vs -0.0554038); tokens and text stay exact.
+    """
     if isinstance(answer, dict):
-        return {k: _comparable(v) for k, v in answer.items() if k not in ("id", "created", "model")}
+        return {k: _comparable(v, tolerant) for k, v in answer.items() if k not in ("id", "created", "model")}
     if isinstance(answer, list):
-        return [_comparable(v) for v in answer]
+        return [_comparable(v, tolerant) for v in answer]
+    if tolerant and isinstance(answer, float):
+        return pytest.approx(answer, abs=1e-4)
     return answer
 
 
@@ -57,11 +64,11 @@ def _comparable(answer):
 def test_direct_path_answers_as_the_bls_does(openai_url, path, body):
     direct = _post(openai_url, path, {**body, "model": "tritonllm"})
     bls = _post(openai_url, path, {**body, "model": "tensorrt_llm_bls"})
-    assert direct[0] == bls[0] and _comparable(direct[1]) == _comparable(bls[1]), (direct, bls)
+    assert direct[0] == bls[0] and _comparable(direct[1]) == _comparable(bls[1], tolerant=True), (direct, bls)
     if direct[0] == 200:
         streamed = _post(openai_url, path, {**body, "model": "tritonllm"}, stream=True)
         assert _comparable(streamed[1]) == _comparable(_post(openai_url, path, {**body, "model": "tensorrt_llm_bls"},
-                                                             stream=True)[1])
+                                                             stream=True)[1], tolerant=True)
 
 
 def test_the_default_path_is_tensorrt_llm_and_a_stop_string_frees_the_engine_early(openai_url, triton_server):
