@@ -156,6 +156,31 @@ def set_params(cfg: mc.ModelConfig, params: dict, model_dir: str, repo: Path) ->
         cfg.parameters[key].string_value = text
 
 
+def check_adapters(params: dict, repo: Path) -> None:
+    """Refuse, at render time, a LoRA adapter trained for another base model than llm.gpt_model_path: the engine
+    would refuse it only when the server loads the model. Files not there yet are left to the engine's load."""
+    adapters = params.get("lora_adapters") or {}
+    checkpoint = repo / os.path.expanduser(str(params.get("gpt_model_path", "")))
+    folders = {tid: repo / os.path.expanduser(str(p)) for tid, p in adapters.items()}
+    folders = {tid: p for tid, p in folders.items() if p.is_dir()}
+    if not folders or not checkpoint.exists():
+        return
+    import torch
+    from tritonllm.engine.loader import read_spec
+    from tritonllm.engine.lora import LoraAdapter, LoraError
+
+    spec = read_spec(str(checkpoint))
+    for tid, folder in sorted(folders.items()):
+        try:
+            LoraAdapter(int(tid), str(folder), spec, torch.device("cpu"), torch.float32)
+        except LoraError as e:
+            raise DeploymentError(
+                f"deployment.yaml: models.tensorrt_llm.parameters.lora_adapters[{tid}] ({adapters[tid]}) does not "
+                f"fit llm.gpt_model_path ({params['gpt_model_path']}): {e}. An adapter serves only the base model it "
+                "was trained for: drop the entry (lora_adapters: {} for none) or list one trained for this "
+                "checkpoint") from None
+
+
 def python_model(name: str, spec: dict, llm: dict, repo: Path) -> mc.ModelConfig:
     inputs, outputs = C.MODEL_TENSORS[name]
     mbs = 0 if name in C.UNBATCHED_MODELS else int(llm["max_batch_size"])
@@ -171,6 +196,8 @@ def python_model(name: str, spec: dict, llm: dict, repo: Path) -> mc.ModelConfig
     params = {k: llm[k] for k in LLM_PARAMS[name]}
     params.update(spec.get("parameters") or {})
     set_params(cfg, params, MODEL_DIRS[name], repo)
+    if name == C.TENSORRT_LLM:
+        check_adapters(params, repo)
     return cfg
 
 

@@ -309,3 +309,29 @@ def test_an_empty_value_names_its_key_and_empty_lora_adapters_means_none(deploym
     none["models"]["tensorrt_llm"]["parameters"]["lora_adapters"] = None
     configs = rc.render_default(none, ROOT)
     assert configs[C.TENSORRT_LLM].parameters["lora_adapters"].string_value == ""
+
+
+def test_an_adapter_for_another_base_model_is_refused_at_render_time(deployment, tmp_path):
+    """The two checkpoint paths changed with an adapter of the old model still listed: render says which adapter
+    does not fit and how to drop it (the engine would say so only when the server loads), for an HF folder and
+    a GGUF file; an adapter trained for the checkpoint renders."""
+    from engine_helpers import make_checkpoint
+    from gguf_helpers import write_gguf
+    from lora_helpers import make_adapter
+
+    base = make_checkpoint(tmp_path / "base", "llama")
+    deeper = make_checkpoint(tmp_path / "deeper", "llama", num_hidden_layers=3)
+    fits = make_adapter(base, str(tmp_path / "fits"), targets=["q_proj", "v_proj"])
+    misfit = make_adapter(deeper, str(tmp_path / "misfit"), targets=["q_proj"])
+    dep = copy.deepcopy(deployment)
+    params = dep["models"]["tensorrt_llm"]["parameters"]
+    for checkpoint in (base, write_gguf(tmp_path / "base.gguf", base)):
+        dep["llm"]["gpt_model_path"] = dep["llm"]["tokenizer_dir"] = checkpoint
+        params["lora_adapters"] = {1: fits}
+        assert rc.render_default(dep, ROOT)[C.TENSORRT_LLM].parameters["lora_adapters"].string_value == f"1={fits}"
+        params["lora_adapters"] = {1: fits, 7: misfit}
+        with pytest.raises(rc.DeploymentError) as e:
+            rc.render_default(dep, ROOT)
+        message = str(e.value)
+        assert f"lora_adapters[7] ({misfit}) does not fit llm.gpt_model_path ({checkpoint})" in message, message
+        assert "targets layer 2, the model has 2" in message and "lora_adapters: {} for none" in message, message

@@ -61,9 +61,8 @@ def _field(reader, key: str, default=None):
     return default if f is None else f.contents()
 
 
-def read_gguf(path: str) -> tuple[ModelSpec, dict]:
-    """The file's ModelSpec and weights (float tensors, Int4Weight / Int8Weight) under HF names; refusals name the
-    file, and the tensor and its type where one is the cause."""
+def _open(path: str):
+    """The file's ModelSpec, its reader (a memory map), its tensors by GGUF name and its GGUF architecture."""
     import gguf
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -89,6 +88,18 @@ def read_gguf(path: str) -> tuple[ModelSpec, dict]:
         cfg, name, torch_dtype="float32", where=path,
         eos_token_ids=tuple(sorted({int(i) for i in eog if i is not None})),
         rope_factors=None if factors is None else tuple(float(v) for v in np.asarray(factors.data, np.float32)))
+    return spec, reader, tensors, gguf_arch, model_type
+
+
+def read_gguf_spec(path: str) -> ModelSpec:
+    """The file's ModelSpec alone (its header: no tensor is read), for checks made before serving."""
+    return _open(path)[0]
+
+
+def read_gguf(path: str) -> tuple[ModelSpec, dict]:
+    """The file's ModelSpec and weights (float tensors, Int4Weight / Int8Weight) under HF names; refusals name the
+    file, and the tensor and its type where one is the cause."""
+    spec, reader, tensors, gguf_arch, model_type = _open(path)
     names = _hf_names(gguf_arch, spec.arch, spec.num_layers)
     weights, unknown = {}, []
     for tname, t in tensors.items():

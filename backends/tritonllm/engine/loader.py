@@ -9,7 +9,7 @@ import os
 import torch
 
 from ..model_files import is_gguf
-from .gguf_checkpoint import read_gguf
+from .gguf_checkpoint import read_gguf, read_gguf_spec
 from .hf_config import ModelSpec, load_spec
 from .model import Transformer
 from .quant import Int8Weight
@@ -47,6 +47,11 @@ def resolve_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dty
     if device.type == "cpu" and ckpt != torch.float32:
         return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     return ckpt
+
+
+def read_spec(path: str) -> ModelSpec:
+    """The checkpoint's ModelSpec without its weights: an HF directory's config.json or a GGUF file's header."""
+    return read_gguf_spec(path) if is_gguf(path) else load_spec(path)
 
 
 def load_weights(model_dir: str) -> dict[str, torch.Tensor]:
