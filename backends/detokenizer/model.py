@@ -24,11 +24,12 @@ import triton_python_backend_utils as pb_utils
 from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.postprocess import Postprocessor
 from tritonllm.text.tokenizer import load_tokenizer, parse_bool
-from tritonllm.serving.triton_kit import error_response, read_inputs
+from tritonllm.serving.triton_kit import drop_garbage, error_response, read_inputs, trace_crashes
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        trace_crashes()
         config, params = model_parameters(args)
         tokenizer_dir = model_path_param(args, params, "tokenizer_dir")
         self.post = Postprocessor(
@@ -58,3 +59,6 @@ class TritonPythonModel:
         except Exception as e:  # keep the other requests of the batch alive
             pb_utils.Logger.log_error(f"postprocessing failed: {e!r}")
             return error_response(pb_utils, f"postprocessing failed: {e}", pb_utils.TritonError.INTERNAL)
+
+    def finalize(self):
+        drop_garbage()

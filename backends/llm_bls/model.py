@@ -88,6 +88,7 @@ class _Row:
 
 class TritonPythonModel:
     def initialize(self, args):
+        K.trace_crashes()
         config, params = model_parameters(args)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         tokenizer_dir = model_path_param(args, params, "tokenizer_dir")
@@ -312,4 +313,5 @@ class TritonPythonModel:
     def finalize(self):
         self.closing.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        K.drop_garbage()
 

@@ -15,11 +15,12 @@ import os
 import triton_python_backend_utils as pb_utils
 
 from tritonllm.classical import InputError, OnnxClassifier, SessionSettings
-from tritonllm.serving.triton_kit import error_response
+from tritonllm.serving.triton_kit import drop_garbage, error_response, trace_crashes
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        trace_crashes()
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         settings = SessionSettings.from_parameters(params)
@@ -39,3 +40,6 @@ class TritonPythonModel:
                 tensors = [pb_utils.Tensor(name, value) for name, value in result.items()]
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
+
+    def finalize(self):
+        drop_garbage()

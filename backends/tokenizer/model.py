@@ -22,11 +22,12 @@ from tritonllm.error_names import with_client_names
 from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.preprocess import preprocess
 from tritonllm.text.tokenizer import TextTokenizer, chat_mode_from_params, parse_bool
-from tritonllm.serving.triton_kit import error_response, read_inputs
+from tritonllm.serving.triton_kit import drop_garbage, error_response, read_inputs, trace_crashes
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        trace_crashes()
         config, params = model_parameters(args)
         tokenizer_dir = model_path_param(args, params, "tokenizer_dir")
         self.tokenizer = TextTokenizer.from_dir(
@@ -54,3 +55,6 @@ class TritonPythonModel:
         except Exception as e:  # keep the other requests of the batch alive
             pb_utils.Logger.log_error(f"preprocessing failed: {e!r}")
             return error_response(pb_utils, f"preprocessing failed: {e}", pb_utils.TritonError.INTERNAL)
+
+    def finalize(self):
+        drop_garbage()

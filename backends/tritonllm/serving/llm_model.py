@@ -34,7 +34,7 @@ from ..llm_jobs import CANCELLED, Jobs, coalesce
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
 from ..paths import model_parameters, model_path_param
 from .generator import BackendBuilder, GeneratorBackend
-from .triton_kit import error_response, failure, read_inputs, send_error, timeout_us
+from .triton_kit import drop_garbage, error_response, failure, read_inputs, send_error, timeout_us, trace_crashes
 
 
 class _TritonLogHandler(logging.Handler):
@@ -68,6 +68,7 @@ class LLMTritonModel:
 
     def initialize(self, args):
         pb = self.pb_utils
+        trace_crashes()
         self.final_flag = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         lib_log = logging.getLogger("tritonllm")
         if not any(isinstance(h, _TritonLogHandler) for h in lib_log.handlers):
@@ -210,6 +211,12 @@ class LLMTritonModel:
         self.backend.shutdown(timeout=30.0)
         self.outbox.put(None)  # after the backend's last output: every final response is sent first
         self.responder.join(10.0)
+        self.watcher.join(10.0)
+        # Metric families must go now, while the stub can still tell the server: left to the stub's own
+        # teardown, ~MetricFamily runs after the stub instance is gone and segfaults in SaveToSharedMemory
+        # (python_backend's pb_stub.cc: the model object is released inside ~Stub).
+        self.metrics = self.nvidia = None
+        drop_garbage()
 
 
 def _detokenizer_factory(args: dict, params: dict[str, str]):

@@ -6,6 +6,24 @@ from __future__ import annotations
 from ..errors import InnerError, InvalidInput, QueueFull, recovered_code
 
 
+def trace_crashes() -> None:
+    """A fatal signal in this stub process prints each Python thread's stack to stderr, the server's log: Triton's
+    stub otherwise dies without a line (tritonserver does not report a stub that dies after finalize)."""
+    import faulthandler
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
+
+
+def drop_garbage() -> None:
+    """For a model's finalize: free garbage cycles while the stub can still reach the server. A pb_utils object
+    (metric, request, response) freed later, in the stub's teardown, segfaults: python_backend's ~Stub releases
+    the model and the collector runs after the stub instance is gone, and the object's destructor calls it."""
+    import gc
+
+    gc.collect()
+
+
 def read_inputs(pb_utils, request, names) -> dict:
     """The request's inputs among ``names`` as numpy arrays (inputs the client did not send are absent)."""
     arrays = {}
