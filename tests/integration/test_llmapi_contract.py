@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 from robustness_helpers import grpc_inputs, stream_request, text_tensors, unary_request, wait_idle
 
 PROMPT = "The future of AI is"
+LONG_PROMPT = "List the numbers from 1 to 300, separated by commas:"  # the default model counts on past 1500 tokens
 
 
 def _generate(server, body: dict, model: str = "llmapi") -> tuple[int, dict]:
@@ -124,7 +125,7 @@ def _stop_once(server, mode: str, rid: str) -> tuple[list, list]:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     done: queue.Queue = queue.Queue()
     stop = {"text_input": np.empty([1], dtype=np.bytes_).astype(object), "stop": np.array([True])}
-    long = _llmapi(PROMPT, sampling_param_max_tokens=1500, streaming=mode == "decoupled")
+    long = _llmapi(LONG_PROMPT, sampling_param_max_tokens=1500, streaming=mode == "decoupled")
     errors, results = [], []
     try:
         if mode == "unary":
@@ -154,8 +155,9 @@ def _stop_once(server, mode: str, rid: str) -> tuple[list, list]:
 
 @pytest.mark.parametrize("mode", ["unary", "decoupled"])
 def test_stop_by_request_id_cancels_both_and_frees_the_kv_blocks(triton_server, unary_server, mode):
-    """The demo model may reach EOS within a second: a stop that comes after the end only answers
-    itself, so this retries until the stop caught the request running (asserted at least once)."""
+    """The long request counts (LONG_PROMPT: "The future of AI is" ends at EOS in 0.2 s, before the unary stop
+    leaves); a stop that still comes after the end only answers itself, so this retries until the stop caught
+    the request running (asserted at least once)."""
     server = unary_server if mode == "unary" else triton_server
     caught = 0
     for attempt in range(4):

@@ -274,12 +274,15 @@ def test_nvidia_metrics_follow_load_and_the_gateway_readings_are_right(verbose_s
         t.start()
     seen_waiting, seen_fraction = 0.0, 0.0
     while any(t.is_alive() for t in threads):
-        _, m = _scrape(triton_server)
-        waiting = m[("nv_trt_llm_request_metrics", "request_type=waiting")]
-        used = m[("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type=used")]
-        total = m[("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type=max")]
-        fraction = m[("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type=fraction")]
-        assert fraction == pytest.approx(used / total) and 0 <= waiting <= n
+        for _ in range(3):  # gauges are set one by one: a scrape between two sets reads a torn pair; the next not
+            _, m = _scrape(triton_server)
+            waiting = m[("nv_trt_llm_request_metrics", "request_type=waiting")]
+            used = m[("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type=used")]
+            total = m[("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type=max")]
+            fraction = m[("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type=fraction")]
+            if fraction == pytest.approx(used / total):
+                break
+        assert fraction == pytest.approx(used / total) and 0 <= waiting <= n, (fraction, used, total, waiting)
         assert m[("nv_trt_llm_request_metrics", "request_type=scheduled")] <= MAX_SEQS
         seen_waiting, seen_fraction = max(seen_waiting, waiting), max(seen_fraction, fraction)
         time.sleep(0.15)
@@ -295,6 +298,14 @@ def test_nvidia_metrics_follow_load_and_the_gateway_readings_are_right(verbose_s
         key = next(k for k in after if k[0] == family)
         assert after[key] - before.get(key, 0) >= n
     assert after[("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type=used")] == 0
+    # Idle reads idle: the last step counted the requests it finished; a router must not see a busy replica.
+    for family, key in (("nv_trt_llm_request_metrics", "request_type=active"),
+                        ("nv_trt_llm_request_metrics", "request_type=scheduled"),
+                        ("nv_trt_llm_request_metrics", "request_type=waiting"),
+                        ("nv_trt_llm_request_metrics", "request_type=context"),
+                        ("nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric=generation_requests"),
+                        ("nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric=total_context_tokens")):
+        assert after[(family, key)] == 0, (family, key, after[(family, key)])
     # What NVIDIA's custom-metrics test compares: the last iteration stats logged == the scraped values.
     from tritonllm.metrics import NVIDIA_GAUGES
 

@@ -115,6 +115,10 @@ def test_concurrent_unary_requests_batch_inside_the_engine(unary_server):
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
+    running = 0.0  # the engine's running batch, published about every 0.5 s
+    while any(t.is_alive() for t in threads) and time.monotonic() - t0 < 120:
+        running = max(running, llm_metrics(unary_server.metrics_url).get("llm_requests_running", 0.0))
+        time.sleep(0.1)
     for t in threads:
         t.join(timeout=120)
     together = time.monotonic() - t0
@@ -122,4 +126,6 @@ def test_concurrent_unary_requests_batch_inside_the_engine(unary_server):
     t0 = time.monotonic()
     one(0)
     alone = time.monotonic() - t0
-    assert together < 4 * alone, (together, alone)  # 8 sequential requests would take about 8x
+    assert running == 8, running
+    # 8 one after another would take 8x; batched, a step of 8 rows costs the real model ~3.3x one row on 2 cores
+    assert together < 6 * alone, (together, alone)

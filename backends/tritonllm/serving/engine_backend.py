@@ -10,7 +10,9 @@ the runner's). Iteration stats are built from the engine's last step in NVIDIA's
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 
 from ..engine.engine import LLMEngine
 from ..engine.lora import parse_adapter_list
@@ -34,6 +36,7 @@ class EngineBackend:
         self.model_path = model_path
         self.default_exclude_input = default_exclude_input
         self._last_iteration = -1
+        self._idle_reported = False
 
     def start(self) -> "EngineBackend":
         return self  # the runner runs since it built the engine
@@ -55,11 +58,21 @@ class EngineBackend:
         return self.engine.stats
 
     def iteration_stats(self) -> dict[str, object] | None:
-        step = self.engine.last_step
-        if step.iteration == self._last_iteration:
-            return None
-        self._last_iteration = step.iteration
+        """The newest step's stats, once; then, when the engine has gone idle, one idle reading. The last step
+        counts the requests it finished as active and scheduled: left as the final reading, an idle replica would
+        look busy to whatever routes on these gauges (the Gateway API Inference Extension)."""
         e = self.engine
+        step = e.last_step
+        if step.iteration == self._last_iteration:
+            running, waiting, _ = e.load()
+            if self._idle_reported or running or waiting:
+                return None
+            self._idle_reported = True
+            step = dataclasses.replace(step, timestamp=time.time(), active_requests=0, scheduled_requests=0,
+                                       context_requests=0, generation_requests=0, context_tokens=0,
+                                       paused_requests=0, free_blocks=e.kv_manager.num_free)
+        else:
+            self._last_iteration, self._idle_reported = step.iteration, False
         gpu = 0
         if e.model.device.type == "cuda":
             import torch
