@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from tritonllm import contract as C  # noqa: E402
 from tritonllm import routing as R  # noqa: E402
-from tritonllm.serving.triton_kit import drop_garbage, trace_crashes  # noqa: E402
 from tritonllm.errors import InnerError  # noqa: E402
 from tritonllm.serving import triton_kit as K  # noqa: E402
 from tritonllm.text import bls_stream as B  # noqa: E402
@@ -39,7 +38,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 class TritonPythonModel:
     def initialize(self, args):
-        trace_crashes()
+        K.trace_crashes()
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.config = R.RouterConfig.from_params(params)
@@ -129,5 +128,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
-        drop_garbage()
+        K.drop_garbage()
 
