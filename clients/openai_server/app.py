@@ -261,7 +261,7 @@ def create_app(settings: Settings) -> FastAPI:
             return ChatAnswer(settings.reasoning_parser, None)
         if mode == "auto":
             return ChatAnswer(settings.reasoning_parser, TOOL_PARSERS[settings.tool_call_parser])
-        return ChatAnswer(None, json_array if mode == "required" else named(mode[1]))  # guided: no reasoning
+        return ChatAnswer(None, json_array if mode == "required" else named(mode[1]), guided=True)  # no reasoning
 
     def chat_finish(mode, called: bool, reason: str) -> str:
         # OpenAI answers a named tool_choice with "stop", a call the model chose with "tool_calls"
@@ -282,11 +282,11 @@ def create_app(settings: Settings) -> FastAPI:
             outcomes = await unless_disconnected(request, run_to_end(prompt, params, model, req.timeout_us()))
             choices = []
             for j, o in enumerate(outcomes):
-                message = new_answer(mode).message(o.text)
+                reason = o.finish_reason(max_tokens)
+                message = new_answer(mode).message(o.text, cut=reason == "length")
                 choices.append({"index": j, "message": message,
                                 "logprobs": chat_logprobs(tools, o.text, o.log_probs, o.top) if req.logprobs else None,
-                                "finish_reason": chat_finish(mode, bool(message.get("tool_calls")),
-                                                             o.finish_reason(max_tokens))})
+                                "finish_reason": chat_finish(mode, bool(message.get("tool_calls")), reason)})
             return chat_body(rid, req.model, choices, choices_usage(tools, prompt, outcomes))
 
         outcomes, answers = [Outcome() for _ in range(n)], [new_answer(mode) for _ in range(n)]

@@ -5,7 +5,8 @@ tool-call parser (``tool_calls``). With ``tool_choice`` ``required`` or a named 
 guided JSON from its first token, so there is no reasoning to split and the text is read as calls
 (``tool_calls.json_array`` / ``tool_calls.named``). A text whose calls do not parse when it ends stays
 content (streamed deltas already sent cannot be taken back; the final message of a non-streamed answer
-is exact).
+is exact). A guided answer cut by max_tokens is still calls (``tool_calls.final_calls`` with ``cut``), never
+its raw JSON as content: OpenAI's contract for those modes is tool calls.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from . import tool_calls as T
 
 
 class ChatAnswer:
-    def __init__(self, reasoning_parser: str | None, tool_parser: T.Parser | None):
+    def __init__(self, reasoning_parser: str | None, tool_parser: T.Parser | None, guided: bool = False):
+        self.guided = guided  # tool_choice required / named: the whole text was guided to be calls
         self.reasoning = R.ReasoningStream(reasoning_parser) if reasoning_parser else None
         self.tools = T.ToolCallStream(tool_parser) if tool_parser else None
 
@@ -38,14 +40,14 @@ class ChatAnswer:
         """A streamed answer sent tool calls (its finish_reason is "tool_calls")."""
         return self.tools is not None and self.tools.called
 
-    def message(self, text: str) -> dict:
-        """The whole assistant message for a finished ``text``."""
+    def message(self, text: str, cut: bool = False) -> dict:
+        """The whole assistant message for a finished ``text`` (``cut``: max_tokens ended it)."""
         thought, content = R.split(self.reasoning.parser, text, True) if self.reasoning else ("", text)
         message: dict = {"role": "assistant", "content": content}
         if self.reasoning:
             message["reasoning_content"] = thought or None
         if self.tools is not None:
-            found = T.final_calls(self.tools.parser, content)
+            found = T.final_calls(self.tools.parser, content, cut=cut and self.guided)
             if found is not None:
                 message["content"], message["tool_calls"] = found
         return message

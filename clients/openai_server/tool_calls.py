@@ -265,18 +265,24 @@ def _arguments(call: Call) -> str:
     return call.arguments or "{}"
 
 
-def final_calls(parser: Parser, text: str) -> tuple[str | None, list[dict]] | None:
+def final_calls(parser: Parser, text: str, cut: bool = False) -> tuple[str | None, list[dict]] | None:
     """(content or None, OpenAI tool_calls) for a finished text, or None when it holds no well-formed call
-    (then the text is plain content)."""
+    (then the text is plain content). ``cut``: the text was guided to be calls and max_tokens ended it
+    (``tool_choice`` required or named): every call that has its name is a call, the last one with its
+    arguments as far as they were written, exactly what a stream of the same text sent (OpenAI's answer to a
+    cut call: ``finish_reason`` "length" tells the client the arguments may be incomplete)."""
     try:
         parsed = parser(text, True)
-        calls = parsed.calls
-        if not calls or any(not c.complete or c.name is None for c in calls):
-            return None
+        calls = [c for c in parsed.calls if c.name is not None] if cut else parsed.calls
+        if not calls or (not cut and any(not c.complete or c.name is None for c in calls)):
+            return None  # (cut before any name: the text is content, as a stream of it released it)
         out = []
         for c in calls:
-            args = _arguments(c)
-            _loads(args)  # arguments must be JSON
+            if c.complete:
+                args = _arguments(c)
+                _loads(args)  # arguments must be JSON
+            else:  # cut: a stream sends quoted arguments only once whole
+                args = "" if c.quoted else c.arguments
             out.append({"id": new_call_id(), "type": "function", "function": {"name": c.name, "arguments": args}})
     except (_Malformed, ValueError):
         return None

@@ -88,6 +88,25 @@ def test_required_tool_call_has_arguments_valid_against_the_schema(client):
     assert [(n, a) for _, n, a in calls.values()] == [(call.function.name, call.function.arguments)]
 
 
+def test_required_tool_call_cut_by_max_tokens_is_still_a_call(client):
+    """OpenAI's contract for ``required`` is tool calls: one cut by max_tokens comes back as a call whose arguments
+    stop where the model stopped (finish_reason "length"), never as its raw JSON in ``content``; streamed alike."""
+    kw = dict(model="tritonllm", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              temperature=0)
+    full = client.chat.completions.create(max_tokens=96, **kw)
+    (whole_call,) = full.choices[0].message.tool_calls
+    cut = client.chat.completions.create(max_tokens=full.usage.completion_tokens - 3, **kw).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None, cut
+    (call,) = cut.message.tool_calls
+    assert call.function.name == whole_call.function.name and call.id.startswith("call_")
+    assert whole_call.function.arguments.startswith(call.function.arguments) \
+        and call.function.arguments != whole_call.function.arguments
+    content, _, calls, finish = _streamed(client.chat.completions.create(
+        stream=True, max_tokens=full.usage.completion_tokens - 3, **kw))
+    assert finish == "length" and content == ""
+    assert [(n, a) for _, n, a in calls.values()] == [(call.function.name, call.function.arguments)]
+
+
 def test_named_tool_choice_calls_that_function(client):
     kw = dict(model="tritonllm", messages=ASK, tools=TOOLS, temperature=0, max_tokens=64,
               tool_choice={"type": "function", "function": {"name": "get_time"}})

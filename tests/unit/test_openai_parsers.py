@@ -195,3 +195,26 @@ def test_quoted_arguments_that_are_not_json_end_the_stream_cleanly():
     assert T.final_calls(T.hermes, text) is None
     for step in (1, 5, len(text)):
         assert _stream(T.hermes, text, step) == ("", {0: "f"}, {0: ""})   # the name was sent; nothing raises
+
+
+@pytest.mark.parametrize("parser,text", [
+    (T.json_array, '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_weather", "parameters'),
+    (T.json_array, '[{"name": "get_weather", "parameters": {"city": "Par'),
+    (T.named("get_weather"), '{"city": "Par'),
+])
+def test_a_guided_answer_cut_by_max_tokens_is_calls_as_far_as_written_whole_and_streamed(parser, text):
+    """tool_choice required / named cut by max_tokens: tool calls (finish_reason "length" says they may be
+    incomplete), never the raw JSON as content; the whole message equals what the stream sent."""
+    answer = ChatAnswer(None, parser, guided=True)
+    message = answer.message(text, cut=True)
+    _, names, args = _stream(parser, text, 5)
+    assert message["content"] is None and message["tool_calls"]
+    assert {i: c["function"]["name"] for i, c in enumerate(message["tool_calls"])} == names
+    assert {i: c["function"]["arguments"] for i, c in enumerate(message["tool_calls"])} == args
+    if parser is T.json_array and text.endswith("parameters"):
+        assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+        assert message["tool_calls"][1]["function"]["arguments"] == ""
+    # not cut (a text that ended otherwise) keeps the old rule: no well-formed calls -> content
+    assert ChatAnswer(None, parser, guided=True).message(text)["content"] == text
+    # cut before any call had its name: content, as the stream released it
+    assert ChatAnswer(None, T.json_array, guided=True).message('[{"na', cut=True)["content"] == '[{"na'
