@@ -67,8 +67,10 @@ class _Job(ClientRequest):
     """One client request (lifecycle.ClientRequest: sender, client_id = its Triton request id, pending sequences,
     cancelled, answered; under ``Live.lock``) and what its rows have done."""
 
-    def __init__(self, sender, rows, triton_id="", timeout_us=0):
+    def __init__(self, sender, rows, triton_id="", timeout_us=0, as_data=False, outputs=frozenset()):
         super().__init__(sender, triton_id, pending=rows)  # a row counts 1 until it knows its n
+        self.outputs = outputs          # what the client asked for: its responses carry nothing else (K.requested_outputs)
+        self.as_data = as_data          # a caller of ours asked for failures as data (tritonllm.errors)
         self.timeout_us = timeout_us    # the client's Triton timeout (0: none), the engine's deadline
         self.start = time.monotonic()
         self.rows = []          # its _Row objects (a `stop` request stops their engine requests)
@@ -104,7 +106,6 @@ class TritonPythonModel:
         self.llm_model = params.get("tensorrt_llm_model_name") or C.TENSORRT_LLM
         self.pre_model = params.get("preprocessing_model_name") or C.PREPROCESSING
         self.input_names = [t["name"] for t in config.get("input", [])]
-        self.output_names = {t["name"] for t in config.get("output", [])}
         self.pre_outputs = [t.name for t in C.PREPROCESSING_OUTPUTS]
         self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_inflight_requests") or 64),
                                        thread_name_prefix="bls")
@@ -113,6 +114,7 @@ class TritonPythonModel:
         # Inner request ids: unique across instances (each is its own process) and numeric, because
         # NVIDIA's tensorrtllm backend (GPU profile) reads request ids as integers for `stop`.
         self.id_base = (os.getpid() & 0xFFFFFF) << 32
+        self.drained = K.DrainedIterators()  # every response iterator goes there once drained (why: its docstring)
         self.closing = threading.Event()
         self.watcher = threading.Thread(target=self._watch_cancellations, daemon=True)
         self.watcher.start()
@@ -121,15 +123,17 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             arrays = K.read_inputs(pb_utils, request, self.input_names)
+            as_data = K.wants_error_data(request)
             try:
                 if self.llmapi and LT.is_stop(arrays):
                     self._stop_request(sender, request.request_id())
                     continue
                 rows = [arrays] if self.llmapi else B.split_rows(arrays)
             except InvalidInput as e:
-                K.send_error(pb_utils, sender, str(e), pb_utils.TritonError.INVALID_ARG)
+                K.send_error(pb_utils, sender, str(e), pb_utils.TritonError.INVALID_ARG, as_data)
                 continue
-            job = _Job(sender, len(rows), request.request_id(), K.timeout_us(request))
+            job = _Job(sender, len(rows), request.request_id(), K.timeout_us(request), as_data,
+                       K.requested_outputs(request))
             job.rows = [_Row(job, i, str(self.id_base + next(self.ids))) for i in range(len(rows))]
             self.live.add(job)
             for row, row_arrays in zip(job.rows, rows):
@@ -171,16 +175,19 @@ class TritonPythonModel:
     def _preprocess(self, req):
         inputs = [pb_utils.Tensor(k, v) for k, v in B.preprocessing_inputs(req).items()]
         resp = pb_utils.InferenceRequest(model_name=self.pre_model, requested_output_names=self.pre_outputs,
-                                         inputs=inputs).exec()
-        if resp.has_error():
-            raise self._inner_error(resp.error())
+                                         inputs=inputs, parameters=K.error_data_request()).exec()
+        failed = self._inner_failure(resp)
+        if failed is not None:
+            raise failed
         return {t.name(): t.as_numpy() for t in resp.output_tensors()}
 
     def _llm_request(self, row, req, pre, stream):
         inputs = [pb_utils.Tensor(k, v) for k, v in B.llm_inputs(req, pre, stream=stream).items()]
         timeout = B.inner_timeout_us(row.job.timeout_us, time.monotonic() - row.job.start)
+        # failures as data from our tensorrt_llm only (NVIDIA's backend, engine_finish_reason false, has no such outputs)
         return pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=B.llm_outputs(req, self.engine_finish_reason),
-                                         inputs=inputs, request_id=row.inner_id, timeout=timeout)
+                                         inputs=inputs, request_id=row.inner_id, timeout=timeout,
+                                         parameters=K.error_data_request() if self.engine_finish_reason else {})
 
     def _generate_unary(self, row, req, pre, seqs):
         resp = self._llm_request(row, req, pre, stream=False).exec()
@@ -188,8 +195,9 @@ class TritonPythonModel:
             self._fail(row.job, "request cancelled", pb_utils.TritonError.CANCELLED)
             row.finished = True
             return
-        if resp.has_error():
-            raise self._inner_error(resp.error())
+        failed = self._inner_failure(resp)
+        if failed is not None:
+            raise failed
         finals = [c for c, _ in seqs.on_response({t.name(): t.as_numpy() for t in resp.output_tensors()})]
         self._row_final(row, req, (finals + seqs.finish_all())[-1])  # n == 1: one final chunk
 
@@ -204,8 +212,9 @@ class TritonPythonModel:
                 self._fail(job, "request cancelled", pb_utils.TritonError.CANCELLED)
                 done = True
                 continue
-            if resp.has_error():
-                error, done = self._inner_error(resp.error()), True
+            failed = self._inner_failure(resp)
+            if failed is not None:
+                error, done = failed, True
                 continue
             tensors = resp.output_tensors()
             if not tensors:  # the flag-only final response
@@ -220,10 +229,11 @@ class TritonPythonModel:
                 if final:
                     self._row_final(row, req, chunk, seqs.done)
                 else:
-                    self._send(job, self._response(chunk.arrays()), 0)
+                    self._send(job, self._response(job, chunk.arrays()), 0)
             if seqs.done:  # every sequence completed a stop string: the shared engine request can go
                 done = True
                 self._stop_engine(row)
+        self.drained.keep(responses)
         if error is not None:
             raise error
         if not done:
@@ -243,9 +253,11 @@ class TritonPythonModel:
             model_name=self.llm_model, requested_output_names=["output_ids"], request_id=row.inner_id,
             inputs=[pb_utils.Tensor("input_lengths", one), pb_utils.Tensor("request_output_len", one),
                     pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool))])
-        for resp in stop.exec(decoupled=True):
+        responses = stop.exec(decoupled=True)
+        for resp in responses:
             if resp.has_error():
                 pb_utils.Logger.log_warn(f"tensorrt_llm_bls: stop {row.inner_id} failed: {resp.error().message()}")
+        self.drained.keep(responses)
 
     def _stop_request(self, sender, triton_id):
         """NVIDIA's LLM-API `stop`: cancel every request carrying this request id; the stop request itself
@@ -270,20 +282,20 @@ class TritonPythonModel:
             if not self.decoupled:
                 job.done[row.index] = chunk.arrays()
                 if last:
-                    self._send_locked(job, self._response(stack_rows(stackable(job.done)) if len(job.done) > 1
+                    self._send_locked(job, self._response(job, stack_rows(stackable(job.done)) if len(job.done) > 1
                                                           else job.done[0]), FINAL)
             elif req.stream and chunk.empty:  # a stream ends without an empty event when nothing is left
                 if last:
                     self._send_locked(job, None, FINAL)
             else:
-                self._send_locked(job, self._response(chunk.arrays()), FINAL if last else 0)
+                self._send_locked(job, self._response(job, chunk.arrays()), FINAL if last else 0)
 
-    def _response(self, arrays):
+    def _response(self, job, arrays):
         return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
+            output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in job.outputs])
 
     def _fail(self, job, message, code):
-        self._send(job, K.error_response(pb_utils, message, code), FINAL)
+        self._send(job, K.failure_response(pb_utils, message, code, job.as_data), FINAL)
 
     def _send(self, job, response, flags):
         """Send a response (None: flag only), never after the final one. Under the lock shared with the
@@ -300,8 +312,10 @@ class TritonPythonModel:
         else:
             job.sender.send(response, flags=flags)
 
-    def _inner_error(self, error):
-        return InnerError(self.names(B.client_message(error.message())), K.inner_code(pb_utils, error))
+    def _inner_failure(self, resp):
+        """A composing model's failure (as data or a Triton error), in the client's names; None if it succeeded."""
+        failed = K.inner_failure(pb_utils, resp)
+        return None if failed is None else InnerError(self.names(B.client_message(str(failed))), failed.code)
 
     # ---- cancellation ------------------------------------------------------------------------------
     def _watch_cancellations(self):
@@ -309,9 +323,11 @@ class TritonPythonModel:
         # Live asks only unanswered requests, under the lock every send takes (see _send).
         while not self.closing.wait(WATCH_PERIOD_S):
             self.live.cancelled(lambda sender: sender.is_cancelled())
+            self.drained.prune()
 
     def finalize(self):
         self.closing.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.drained.clear()
         K.drop_garbage()
 

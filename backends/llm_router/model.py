@@ -49,15 +49,17 @@ class TritonPythonModel:
         self.inner_outputs = sorted(self.output_names - extra)  # what the answering model itself returns
         self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_inflight_requests") or 64),
                                        thread_name_prefix="router")
+        self.drained = K.DrainedIterators()  # every response iterator goes there once drained (why: its docstring)
 
     def execute(self, requests):
         for request in requests:
             arrays = K.read_inputs(pb_utils, request, self.input_names)
-            self.pool.submit(self._run, request.get_response_sender(), arrays)
+            self.pool.submit(self._run, request.get_response_sender(), arrays, K.requested_outputs(request))
+        self.drained.prune()
         return None
 
     # ---- worker thread -----------------------------------------------------------------------------
-    def _run(self, sender, arrays):
+    def _run(self, sender, arrays, outputs):
         try:
             if len(B.split_rows(arrays)) != 1:
                 raise InvalidInput(f"text_input: {self.name} takes one prompt per request (batch size 1)")
@@ -71,14 +73,15 @@ class TritonPythonModel:
                 except BaseException:
                     for _ in responses:  # drained: nothing may stay pending
                         pass
+                    self.drained.keep(responses)
                     raise
-                self._relay(sender, R.decide(self.config, verdict), req.stream, responses)
+                self._relay(sender, outputs, R.decide(self.config, verdict), req.stream, responses)
                 return
             route = R.decide(self.config, self._classify(req.text))
             if route.model is None:  # refused: the LLM is never called
-                sender.send(self._response(R.refusal_outputs(self.config, route)), flags=FINAL)
+                sender.send(self._response(R.refusal_outputs(self.config, route), outputs), flags=FINAL)
             else:
-                self._relay(sender, route, req.stream, self._start(route.model, arrays))
+                self._relay(sender, outputs, route, req.stream, self._start(route.model, arrays))
         except Exception as e:  # never let one request take the model down
             K.send_error(pb_utils, sender, *K.failure(pb_utils, e, self.name))
 
@@ -96,7 +99,7 @@ class TritonPythonModel:
             model_name=model, inputs=[pb_utils.Tensor(k, v) for k, v in arrays.items()],
             requested_output_names=self.inner_outputs).exec(decoupled=True)
 
-    def _relay(self, sender, route, stream, responses):
+    def _relay(self, sender, outputs, route, stream, responses):
         relay = R.Relay(stream, R.route_outputs(route))
         error, cancelled = None, False
         for resp in responses:  # drained to the end: nothing may stay pending
@@ -113,20 +116,22 @@ class TritonPythonModel:
                 if sender.is_cancelled():
                     cancelled = True
                     continue
-                sender.send(self._response(now), flags=0)
+                sender.send(self._response(now, outputs), flags=0)
+        self.drained.keep(responses)
         if error is not None:
             raise error
         final = relay.close()
         if final is None:
             sender.send(flags=FINAL)
         else:
-            sender.send(self._response(final), flags=FINAL)
+            sender.send(self._response(final, outputs), flags=FINAL)
 
-    def _response(self, arrays):
+    def _response(self, arrays, outputs):
         return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in self.output_names])
+            output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items() if k in outputs])  # K.requested_outputs
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.drained.clear()
         K.drop_garbage()
 

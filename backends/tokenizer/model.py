@@ -12,7 +12,8 @@ Config parameters (string_value):
   and glued to text (NVIDIA encodes the bare word only, which rarely matches generated ids).
 
 Invariants: one response per request, in order; a bad request gets an INVALID_ARG error naming the
-input and does not affect the other requests of the batch; unexpected failures are INTERNAL.
+input and does not affect the other requests of the batch; unexpected failures are INTERNAL. A caller of ours
+(request parameter ``errors_as_data``) gets failures as data (tritonllm.errors).
 """
 
 
@@ -22,7 +23,8 @@ from tritonllm.error_names import with_client_names
 from tritonllm.paths import model_parameters, model_path_param
 from tritonllm.text.preprocess import preprocess
 from tritonllm.text.tokenizer import TextTokenizer, chat_mode_from_params, parse_bool
-from tritonllm.serving.triton_kit import drop_garbage, error_response, read_inputs, trace_crashes
+from tritonllm.serving.triton_kit import (drop_garbage, failure_response, read_inputs, requested_outputs, trace_crashes,
+                                         wants_error_data)
 
 
 class TritonPythonModel:
@@ -45,16 +47,18 @@ class TritonPythonModel:
         return [self._one(request) for request in requests]
 
     def _one(self, request):
+        as_data = wants_error_data(request)  # the BLS asks: Triton 2.51 would hand it our code as INTERNAL
         try:
             inputs = read_inputs(pb_utils, request, self.input_names)
             arrays = preprocess(self.tokenizer, inputs, in_context_words=self.in_context)
+            wanted = requested_outputs(request)  # nothing else (triton_kit.requested_outputs: why)
             return pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(n, arrays[n]) for n in self.output_names if n in arrays])
+                output_tensors=[pb_utils.Tensor(n, arrays[n]) for n in self.output_names if n in arrays and n in wanted])
         except ValueError as e:  # named as the ensemble's client knows them too: "QUERY (text_input): ..."
-            return error_response(pb_utils, with_client_names(str(e)), pb_utils.TritonError.INVALID_ARG)
+            return failure_response(pb_utils, with_client_names(str(e)), pb_utils.TritonError.INVALID_ARG, as_data)
         except Exception as e:  # keep the other requests of the batch alive
             pb_utils.Logger.log_error(f"preprocessing failed: {e!r}")
-            return error_response(pb_utils, f"preprocessing failed: {e}", pb_utils.TritonError.INTERNAL)
+            return failure_response(pb_utils, f"preprocessing failed: {e}", pb_utils.TritonError.INTERNAL, as_data)
 
     def finalize(self):
         drop_garbage()

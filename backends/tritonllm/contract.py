@@ -30,6 +30,7 @@ Library code: no Triton import. Dtypes are Triton config enum names (``TYPE_INT3
 from __future__ import annotations
 
 from .contract_llmapi import LLMAPI_INPUTS, LLMAPI_OUTPUTS
+from .errors import ERROR_OUTPUTS as _ERROR_NAMES
 from .tensor_spec import Tensor
 from .tensor_spec import scalars as _scalars
 
@@ -169,8 +170,12 @@ LLM_TEXT_OUTPUT = Tensor("text_output", "TYPE_STRING", (-1,), nvidia=False)
 # backend (GPU profile) has none: its clients then infer as before.
 FINISH_REASON_OUTPUT = Tensor("finish_reason", "TYPE_STRING", (1,), nvidia=False)
 
+# Not NVIDIA's: a failure as data, for our own callers only (errors.py: they set the request parameter
+# errors_as_data, because Triton 2.51 loses error codes between models); everyone else gets Triton errors.
+ERROR_OUTPUTS: tuple[Tensor, ...] = tuple(Tensor(name, "TYPE_STRING", (1,), nvidia=False) for name in _ERROR_NAMES)
+
 TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS, *TOP_LOGPROB_OUTPUTS,
-                                           LLM_TEXT_OUTPUT, FINISH_REASON_OUTPUT)
+                                           LLM_TEXT_OUTPUT, FINISH_REASON_OUTPUT, *ERROR_OUTPUTS)
 
 # --------------------------------------------------------------------------- preprocessing (tokenizer)
 # QUERY and REQUEST_OUTPUT_LEN: optional here, required by the step itself (see TEXT_INPUTS).
@@ -196,6 +201,7 @@ PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("OUT_END_ID", "TYPE_INT32", (1,)),
     Tensor("OUT_PAD_ID", "TYPE_INT32", (1,)),
     Tensor("ENSEMBLE_NAMES", "TYPE_BOOL", (1,), nvidia=False),  # see ENGINE_WIRING
+    *ERROR_OUTPUTS,
 )
 
 # --------------------------------------------------------------------------- postprocessing (detokenizer)
@@ -258,7 +264,7 @@ BLS_INPUTS: tuple[Tensor, ...] = (
     Tensor("logit_bias_ids", "TYPE_INT32", (-1,), optional=True, nvidia=False),
     Tensor("logit_bias_weights", "TYPE_FP32", (-1,), optional=True, nvidia=False),
 )
-BLS_OUTPUTS: tuple[Tensor, ...] = (*TEXT_OUTPUTS, *TOP_LOGPROB_OUTPUTS, FINISH_REASON_OUTPUT)
+BLS_OUTPUTS: tuple[Tensor, ...] = (*TEXT_OUTPUTS, *TOP_LOGPROB_OUTPUTS, FINISH_REASON_OUTPUT, *ERROR_OUTPUTS)
 
 # --------------------------------------------------------------------------- ensemble wiring (NVIDIA's)
 # Internal tensors carry NVIDIA's names (leading underscore) so their ensemble reads the same.

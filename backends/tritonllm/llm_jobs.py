@@ -49,6 +49,7 @@ class Reply:
     final: bool = False
     error: str | None = None
     code: str | None = None                       # INTERNAL | INVALID_ARG | CANCELLED when error is set
+    as_data: bool = False                         # the caller asked for failures as data (errors.py)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Job(ClientRequest):
     batch_size: int = 1
     done: list[dict[str, np.ndarray] | None] = field(default_factory=list)  # unary: each row's arrays
     outputs: frozenset[str] | None = None  # the outputs the caller asked for (None: every one we make)
+    errors_as_data: bool = False           # a caller of ours: failures answered as data (errors.py)
 
 
 @dataclass(eq=False)
@@ -123,11 +125,12 @@ class Jobs:
         self._ids = itertools.count()
 
     def add(self, sender, triton_id: str, batch: ParsedBatch, decoupled: bool, detokenizer=None,
-            outputs: frozenset[str] | None = None) -> Job:
+            outputs: frozenset[str] | None = None, errors_as_data: bool = False) -> Job:
         """``detokenizer``: a factory of IncrementalDetokenizer when the caller asked for ``text_output``
         (each row then answers its text too, as the postprocessing step would). ``outputs``: the names the
         caller asked for; replies carry only those (an ensemble step asks for the ones it maps)."""
-        job = Job(sender, triton_id, decoupled=decoupled, batch_size=len(batch.rows), outputs=outputs)
+        job = Job(sender, triton_id, decoupled=decoupled, batch_size=len(batch.rows), outputs=outputs,
+                  errors_as_data=errors_as_data)
         with self.live.lock:
             for i, parsed in enumerate(batch.rows):  # each row: its sequences (lifecycle: seeds, shared prompt)
                 seqs = Sequences.of(parsed.params, parsed.num_sequences, lambda: str(next(self._ids)))
@@ -189,8 +192,10 @@ class Jobs:
                 row.first_token = time.monotonic()
         if failed:
             if out.error is not None:
-                return [Reply(job.sender, final=True, error=out.error, code=out.error_code or INTERNAL)], others, None
-            return [Reply(job.sender, final=True, error="request cancelled", code=CANCELLED)], others, None
+                return [Reply(job.sender, final=True, error=out.error, code=out.error_code or INTERNAL,
+                              as_data=job.errors_as_data)], others, None
+            return [Reply(job.sender, final=True, error="request cancelled", code=CANCELLED,
+                          as_data=job.errors_as_data)], others, None
         return self._data(row, out), [], (self._figures(row, out) if out.finished else None)
 
     @staticmethod

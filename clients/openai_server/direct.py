@@ -29,7 +29,7 @@ from tritonclient.utils import np_to_triton_dtype
 from clients.openai_server.protocol import ApiError
 from clients.triton_llm import Chunk, GenerationParams, chunk_from
 from tritonllm import contract as C
-from tritonllm.errors import InvalidInput
+from tritonllm.errors import ERROR_OUTPUTS, ERRORS_AS_DATA, InvalidInput
 from tritonllm.text import bls_stream as B
 from tritonllm.text import llmapi_text as LT
 from tritonllm.text.detokenizer import tokenizer_traits
@@ -101,6 +101,8 @@ def grpc_request(inputs: dict[str, np.ndarray], outputs: list[str], request_id: 
     request = {"model_name": C.TENSORRT_LLM, "inputs": tensors, "request_id": request_id,
                "outputs": [grpcclient.InferRequestedOutput(n) for n in outputs],
                "parameters": {"triton_enable_empty_final_response": True}}
+    if ERROR_OUTPUTS[0] in outputs:  # our tensorrt_llm (B.llm_outputs): its failures as data
+        request["parameters"][ERRORS_AS_DATA] = True
     if timeout_us:
         request["timeout"] = timeout_us
     return request

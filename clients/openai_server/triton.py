@@ -4,10 +4,12 @@ Invariants:
 - ``generate`` yields ``Chunk``s until Triton's final flag (requested with
   ``triton_enable_empty_final_response``), then returns; closing the generator early (the HTTP client went
   away) cancels the gRPC call, which cancels the request inside Triton.
-- Every failure surfaces as ``ApiError`` with an HTTP status. Errors inside a gRPC stream carry only
-  Triton's message (no status code), so the status is read from the message: the engine's and Triton's
-  wording for UNAVAILABLE (queue full, shutting down, model not ready) -> 503, unknown model -> 404,
-  "internal error" -> 500, anything else is about the request -> 400. Transport errors keep their gRPC
+- Every failure surfaces as ``ApiError`` with an HTTP status. Our models (tensorrt_llm, the BLS) answer this
+  server's requests' failures as data (request parameter ``errors_as_data``, outputs ``error_code`` /
+  ``error_message``: tritonllm.errors), so the status comes from the code (``errors.HTTP_STATUS``: INVALID_ARG
+  400, UNAVAILABLE 503, INTERNAL 500, ...). Errors Triton itself raises inside a gRPC stream carry only its
+  message (no status code): its wording for UNAVAILABLE (shutting down, model not ready) -> 503, unknown model
+  -> 404, "internal error" -> 500, anything else -> 400 (``status_for``). Transport errors keep their gRPC
   status (UNAVAILABLE -> 503, DEADLINE_EXCEEDED -> 504).
 - The Triton model is resolved once per ``MODEL_CHECK_S``: the configured one when ready, else the
   fallback when ready, else 503.
@@ -28,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 from clients.openai_server.direct import Knobs, TextSteps, chunks_of, grpc_request, parameters
 from clients.openai_server.protocol import ApiError
 from clients.triton_llm import C, Chunk, GenerationParams, chunk_from, grpc_inputs
+from tritonllm.errors import ERROR_OUTPUTS, ERRORS_AS_DATA, HTTP_STATUS, error_of
 from tritonllm.text.bls_stream import client_message
 
 BLS = C.BLS
@@ -58,10 +61,21 @@ def status_for(message: str, grpc_status: str | None = None) -> int:
 
 
 def api_error(message: str, grpc_status: str | None = None) -> ApiError:
-    status = status_for(message, grpc_status)
+    return error_with(status_for(message, grpc_status), message)
+
+
+def error_with(status: int, message: str) -> ApiError:
     kind = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable",
             504: "timeout"}.get(status, "server_error")
     return ApiError(status, message, kind)
+
+
+def raise_failure(get) -> None:
+    """Raise the ApiError of a response that carries a failure as data (``get(name)``: an output or None)."""
+    found = error_of(get)
+    if found is not None:
+        message, code = found
+        raise error_with(HTTP_STATUS.get(code, 500), client_message(message))
 
 
 def unreachable_message(url: str) -> str:
@@ -158,6 +172,9 @@ class TritonText:
                            param=ours[0])
         request = {"model_name": model, "inputs": inputs, "outputs": outputs,
                    "parameters": {"triton_enable_empty_final_response": True}}
+        if model == BLS:  # ours: failures as data (the ensemble has no such outputs)
+            request["outputs"] = [*outputs, *(grpcaio.InferRequestedOutput(n) for n in ERROR_OUTPUTS)]
+            request["parameters"][ERRORS_AS_DATA] = True
         if timeout_us:
             request["timeout"] = timeout_us
 
@@ -175,6 +192,7 @@ class TritonText:
                     raise api_error(error.message(), error.status())
                 response = result.get_response()
                 if response.outputs:
+                    raise_failure(result.as_numpy)
                     yield chunk_from(result.as_numpy)
                 if response.parameters["triton_final_response"].bool_param:
                     finished = True
@@ -208,6 +226,7 @@ class TritonText:
                 response = result.get_response()
                 if response.outputs:
                     got = {o.name for o in response.outputs}
+                    raise_failure(lambda name: result.as_numpy(name) if name in got else None)
                     for chunk in chunks_of(seqs, {n: result.as_numpy(n) for n in outputs if n in got}):
                         yield chunk
                     if seqs.done:  # every sequence completed a stop string: the engine request can go

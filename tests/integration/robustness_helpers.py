@@ -41,10 +41,12 @@ def grpc_inputs(tensors: dict[str, np.ndarray]) -> list:
     return out
 
 
-def stream_request(url: str, model: str, tensors: dict, timeout: float = 120.0, client=None):
+def stream_request(url: str, model: str, tensors: dict, timeout: float = 120.0, client=None, parameters=None,
+                   outputs=None):
     """One request on its own gRPC stream: (list of {output name: array}, error or None). In-stream errors
     carry a message only (``error.status()`` is None): Triton's ``triton_grpc_error`` header would add the
-    status, but on 2.51 it crashed the server under some sequences of errors (docs/nvidia_clients.md)."""
+    status, but on 2.51 it crashed the server under some sequences of errors (docs/nvidia_clients.md).
+    ``parameters``: request parameters; ``outputs``: the output names to ask for (default: every one)."""
     own = client is None
     client = client or grpcclient.InferenceServerClient(url)
     q: queue.Queue = queue.Queue()
@@ -52,7 +54,8 @@ def stream_request(url: str, model: str, tensors: dict, timeout: float = 120.0, 
     chunks: list[dict] = []
     done = False
     try:
-        client.async_stream_infer(model, grpc_inputs(tensors), enable_empty_final_response=True)
+        client.async_stream_infer(model, grpc_inputs(tensors), enable_empty_final_response=True, parameters=parameters,
+                                  outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None)
         while True:
             result, error = q.get(timeout=timeout)  # queue.Empty propagates: the caller sees the hang
             if error is not None:

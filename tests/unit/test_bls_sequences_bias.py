@@ -166,11 +166,13 @@ def test_top_logprobs_and_priority_go_to_tensorrt_llm_unchanged(tok):
     req = B.parse_request(_client(top_logprobs=_i32(3), priority=_f32(0.9)))
     llm = B.llm_inputs(req, preprocess(TextTokenizer(tok), B.preprocessing_inputs(req)))
     assert llm["top_logprobs"] is req.arrays["top_logprobs"] and llm["priority"] is req.arrays["priority"]
-    assert B.llm_outputs(req)[-3:] == ["top_log_probs", "top_log_prob_ids", "finish_reason"]
-    assert "finish_reason" not in B.llm_outputs(req, finish_reason=False)  # NVIDIA's backend declares none
+    assert B.llm_outputs(req)[-5:] == ["top_log_probs", "top_log_prob_ids", "finish_reason", "error_code", "error_message"]
+    # NVIDIA's backend declares neither the finish reason nor failures as data
+    assert not {"finish_reason", "error_code"} & set(B.llm_outputs(req, finish_reason=False))
     # not asked for otherwise: NVIDIA's tensorrt_llm (GPU profile) declares neither
     for plain in (B.parse_request(_client()), B.parse_request(_client(top_logprobs=_i32(0)))):
-        assert B.llm_outputs(plain) == [*B.LLM_OUTPUTS, "finish_reason"] and "top_log_probs" not in B.LLM_OUTPUTS
+        assert B.llm_outputs(plain) == [*B.LLM_OUTPUTS, "finish_reason", "error_code", "error_message"] \
+            and "top_log_probs" not in B.LLM_OUTPUTS
     with pytest.raises(InvalidInput, match="top_logprobs must be an integer, got 2.5"):
         B.parse_request(_client(top_logprobs=_f32(2.5)))
 

@@ -103,8 +103,15 @@ class Sender:
 
 
 class Request:
-    def __init__(self, inputs, rid=""):
-        self.inputs, self._rid, self.sender = inputs, rid, Sender()
+    def __init__(self, inputs, rid="", parameters=None):
+        self.inputs, self._rid, self.sender, self._parameters = inputs, rid, Sender(), parameters or {}
+
+    def parameters(self):
+        return json.dumps(self._parameters)
+
+    def requested_output_names(self):  # Triton marks every output requested when a client names none
+        cfg = text_format.Parse((ROOT / "model_repository/tensorrt_llm/configs/llmapi.pbtxt").read_text(), mc.ModelConfig())
+        return [o.name for o in cfg.output]
 
     def get_response_sender(self):
         return self.sender
@@ -201,6 +208,26 @@ def test_errors_map_to_triton_codes(model):
         r.sender.final()
 
 
+def test_failures_go_to_callers_of_ours_as_data_with_their_code(model):
+    """Triton 2.51 hands a BLS caller every error as INTERNAL and a gRPC stream only its text: a caller of ours
+    (request parameter errors_as_data) gets the failure as data, the code exact; anyone else a Triton error."""
+    ours = {"errors_as_data": True}
+    model.rec.scripts += [[RuntimeError("illegal memory access")], [RuntimeError("illegal memory access")]]
+    crash, plain = Request(row([1, 2]), parameters=ours), Request(row([1, 2]))
+    refused = Request(row([1, 2], beam_width=np.int32(2)), parameters=ours)
+    model.execute([crash, plain, refused])
+
+    def data(request):
+        (response, flags), = request.sender.final()
+        assert flags == FINAL and response.error is None
+        return {k: v.reshape(-1)[0].decode() for k, v in response.tensors.items()}
+
+    got = data(crash)
+    assert got["error_code"] == "INTERNAL" and "illegal memory access" in got["error_message"]
+    assert plain.sender.final()[0][0].error.code == "INTERNAL"
+    assert data(refused) == {"error_code": "INVALID_ARG", "error_message": "beam_width 2 is not supported (only 1)"}
+
+
 def test_metrics_follow_the_llm_api_stats(model):
     model.rec.stats.append([{"iter": 3, "iterLatencyMS": 10.0, "numActiveRequests": 1, "maxNumActiveRequests": 64,
                              "kvCacheStats": {"maxNumBlocks": 10, "usedNumBlocks": 5, "freeNumBlocks": 5},
@@ -218,3 +245,14 @@ def test_metrics_follow_the_llm_api_stats(model):
         time.sleep(0.02)
     assert kv[-1].value == 0.5 and families["llm_generation_tokens_total"][-1].value == 1
     assert any(k == "verbose" and '"Iteration Counter": 3' in m for k, m in model.log)
+
+
+def test_a_reply_carries_only_the_outputs_the_caller_asked_for(model):
+    """Python_backend r24.10 drops unrequested outputs inside send() without the GIL, which corrupts the stub's heap
+    (triton_kit.requested_outputs): replies never carry them."""
+    model.rec.scripts.append([{"ids": [7, 8], "lps": [-0.5, -0.25], "finish": "length", "done": True}])
+    request = Request(row([1, 2], out_len=2))
+    request.requested_output_names = lambda: ["output_ids", "sequence_length"]
+    model.execute([request])
+    (response, flags), = request.sender.final()
+    assert flags == FINAL and set(response.tensors) == {"output_ids", "sequence_length"}

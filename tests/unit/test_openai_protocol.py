@@ -11,7 +11,8 @@ pytest.importorskip("fastapi")
 
 from clients.openai_server.protocol import ApiError, ChatCompletionRequest, CompletionRequest  # noqa: E402
 from clients.openai_server.responses import Outcome, TextTools  # noqa: E402
-from clients.openai_server.triton import status_for  # noqa: E402
+from clients.openai_server.triton import raise_failure, status_for  # noqa: E402
+from tritonllm.errors import error_arrays  # noqa: E402
 from clients.triton_llm import Chunk  # noqa: E402
 
 
@@ -88,6 +89,18 @@ def test_unsupported_options_are_refused_not_ignored():
 ])
 def test_triton_errors_map_to_http_statuses(message, grpc_status, status):
     assert status_for(message, grpc_status) == status
+
+
+@pytest.mark.parametrize("code,status", [("INVALID_ARG", 400), ("UNAVAILABLE", 503), ("INTERNAL", 500),
+                                         ("CANCELLED", 499), ("NOT_FOUND", 404)])
+def test_a_failure_as_data_answers_its_code_whatever_the_message_says(code, status):
+    """The status comes from the code our model sent, never from its text: an engine fault whose message reads like
+    a refusal is still 500 (before, the message decided: anything unmarked was 400)."""
+    arrays = error_arrays("request_output_len (max_tokens): bad", code)
+    with pytest.raises(ApiError) as e:
+        raise_failure(arrays.get)
+    assert e.value.status == status and e.value.message == "max_tokens: bad"
+    assert raise_failure({"text_output": np.array([b"x"], dtype=object)}.get) is None
 
 
 def test_usage_and_finish_reason_from_the_engine_counts():

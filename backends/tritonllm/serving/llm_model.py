@@ -34,7 +34,8 @@ from ..llm_jobs import CANCELLED, Jobs, coalesce
 from ..metrics import COUNTER, GAUGE, HISTOGRAM, LLMMetrics, NvidiaMetrics
 from ..paths import model_parameters, model_path_param
 from .generator import BackendBuilder, GeneratorBackend
-from .triton_kit import drop_garbage, error_response, failure, read_inputs, send_error, timeout_us, trace_crashes
+from .triton_kit import (drop_garbage, failure, failure_response, read_inputs, requested_outputs, send_error,
+                         timeout_us, trace_crashes, wants_error_data)
 
 
 class _TritonLogHandler(logging.Handler):
@@ -105,7 +106,7 @@ class LLMTritonModel:
         pb = self.pb_utils
         for request in requests:
             sender = request.get_response_sender()
-            ensemble = False
+            ensemble, as_data = False, wants_error_data(request)
             try:
                 arrays = read_inputs(pb, request, INPUT_NAMES)
                 ensemble = wants_ensemble_names(arrays)
@@ -119,13 +120,14 @@ class LLMTritonModel:
                 if not self.decoupled and any(row.num_sequences > 1 for row in batch.rows):
                     raise InvalidRequest(f"num_return_sequences > 1: {SEQUENCES_NEED_DECOUPLED}")
                 # Text only for our ensemble's requests: Triton marks every output requested when a direct
-                # client names none, and those clients would pay for decoding they never read.
-                outputs = frozenset(request.requested_output_names()) if ensemble else None
-                text = outputs is not None and "text_output" in outputs and "text_output" in self.output_names
+                # client names none, and those clients would pay for decoding they never read. Replies carry only
+                # the outputs asked for (triton_kit.requested_outputs says why).
+                outputs = requested_outputs(request)
+                text = ensemble and "text_output" in outputs and "text_output" in self.output_names
                 if text and self.detokenizer is None:
                     raise InvalidRequest("text_output: this tensorrt_llm has no tokenizer (tokenizer_dir)")
                 job = self.jobs.add(sender, request.request_id(), batch, self.decoupled,
-                                    self.detokenizer if text else None, outputs)
+                                    self.detokenizer if text else None, outputs, as_data)
                 try:
                     self.backend.submit_all([(r.rid, r.request.prompt_ids, r.params) for r in job.rows])
                 except Exception:
@@ -133,13 +135,14 @@ class LLMTritonModel:
                     raise
             except InvalidRequest as e:  # in the contract's names; through the ensemble also its own ones
                 message = in_tensor_names(str(e))      # "max_tokens" -> "request_output_len (max_tokens)"
-                self._fail(sender, with_client_names(message) if ensemble else message, pb.TritonError.INVALID_ARG)
+                self._fail(sender, with_client_names(message) if ensemble else message, pb.TritonError.INVALID_ARG,
+                           as_data)
             except Exception as e:  # QueueFull -> UNAVAILABLE; never let one request take the model down
-                self._fail(sender, *failure(pb, e, "tensorrt_llm"))
+                self._fail(sender, *failure(pb, e, "tensorrt_llm"), as_data)
         return None
 
-    def _fail(self, sender, message, code):
-        send_error(self.pb_utils, sender, message, code)
+    def _fail(self, sender, message, code, as_data=False):
+        send_error(self.pb_utils, sender, message, code, as_data)
 
     def _stop(self, triton_id):
         if not triton_id:
@@ -179,7 +182,7 @@ class LLMTritonModel:
         flags = self.final_flag if reply.final else 0
         if reply.error is not None:
             code = getattr(pb.TritonError, reply.code or "INTERNAL", pb.TritonError.INTERNAL)  # CANCELLED, INVALID_ARG, ...
-            response = error_response(pb, reply.error, code)
+            response = failure_response(pb, reply.error, code, reply.as_data)
         else:
             response = pb.InferenceResponse(output_tensors=[
                 pb.Tensor(k, v) for k, v in (reply.arrays or {}).items() if k in self.output_names])

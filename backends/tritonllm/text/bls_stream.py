@@ -50,6 +50,7 @@ import numpy as np
 
 from .. import contract as C
 from ..error_names import to_client_names
+from ..errors import ERROR_OUTPUTS
 from .logit_bias import merge as merge_bias
 from .logit_bias import parse_logit_bias
 from .preprocess import InvalidInput
@@ -192,9 +193,10 @@ def needs_decoupled(req: BlsRequest) -> str | None:
 
 def llm_outputs(req: BlsRequest, finish_reason: bool = True) -> list[str]:
     """The tensorrt_llm outputs to ask for: NVIDIA's, plus ours only when the client wants them, and the engine's
-    finish_reason unless the slot is NVIDIA's backend (which declares none: the BLS parameter
-    ``engine_finish_reason: false`` of the GPU profile)."""
-    return [*LLM_OUTPUTS, *(TOP_OUTPUTS if req.top_logprobs > 0 else ()), *(("finish_reason",) if finish_reason else ())]
+    finish_reason and failures as data (errors.py) unless the slot is NVIDIA's backend (which declares neither: the
+    BLS parameter ``engine_finish_reason: false`` of the GPU profile)."""
+    ours = ("finish_reason", *ERROR_OUTPUTS) if finish_reason else ()
+    return [*LLM_OUTPUTS, *(TOP_OUTPUTS if req.top_logprobs > 0 else ()), *ours]
 
 
 def inner_timeout_us(timeout_us: int, elapsed_s: float) -> int:
