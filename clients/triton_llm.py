@@ -41,6 +41,7 @@ TEXT_MODELS = ("ensemble", "tensorrt_llm_bls")
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 BLS_ONLY_OUTPUTS = ("finish_reason",)  # ours: the BLS passes the engine's reason on (the ensemble has none)
 _LOGPROB_OUTPUTS = ("output_log_probs", "cum_log_probs")
+_LOGPROB_IDS = C.LOGPROB_TOKEN_IDS.name  # ours: the BLS names the token of each log prob (the ensemble cannot)
 _TOP_OUTPUTS = tuple(t.name for t in C.TOP_LOGPROB_OUTPUTS)
 
 # name -> (numpy dtype, Triton dtype) of every optional scalar the text models accept, from the contract.
@@ -174,6 +175,7 @@ class GenerationParams:
     def requested_outputs(self, model: str = "tensorrt_llm_bls") -> tuple[str, ...]:
         return (_OUTPUTS + (BLS_ONLY_OUTPUTS if model == "tensorrt_llm_bls" else ())
                 + (_LOGPROB_OUTPUTS if self.return_log_probs else ())
+                + ((_LOGPROB_IDS,) if self.return_log_probs and model == "tensorrt_llm_bls" else ())
                 + (("sequence_index",) if (self.num_return_sequences or 1) > 1 else ())
                 + (_TOP_OUTPUTS if self.top_logprobs else ()))
 
@@ -186,6 +188,7 @@ class Chunk:
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
     log_probs: list[float] | None = None
+    token_ids: list[int] | None = None  # the tokens log_probs score, one each (BLS and direct path; not the ensemble)
     cum_log_prob: float | None = None
     sequence_index: int = 0
     top_log_probs: list[list[tuple[int, float]]] | None = None  # per token: (id, log prob), most likely first
@@ -203,7 +206,7 @@ def chunk_from(get: Callable[[str], Any]) -> Chunk:
 
     text = first("text_output")
     n_in, n_out, cum = first("num_input_tokens"), first("num_output_tokens"), first("cum_log_probs")
-    lp = get("output_log_probs")
+    lp, lp_ids = get("output_log_probs"), get(_LOGPROB_IDS)
     seq = first("sequence_index")
     top_ids, top_lps = get("top_log_prob_ids"), get("top_log_probs")
     top = None
@@ -216,6 +219,7 @@ def chunk_from(get: Callable[[str], Any]) -> Chunk:
         num_input_tokens=int(n_in) if n_in is not None else None,
         num_output_tokens=int(n_out) if n_out is not None else None,
         log_probs=[float(x) for x in np.asarray(lp).reshape(-1)] if lp is not None else None,
+        token_ids=[int(x) for x in np.asarray(lp_ids).reshape(-1)] if lp_ids is not None else None,
         cum_log_prob=float(cum) if cum is not None else None,
         sequence_index=int(seq) if seq is not None else 0,
         top_log_probs=top,

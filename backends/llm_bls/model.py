@@ -307,10 +307,14 @@ class TritonPythonModel:
     def _send_locked(self, job, response, flags):
         if job.answered or (flags == FINAL and not self.live.close_locked(job)):
             return
-        if response is None:
-            job.sender.send(flags=flags)
-        else:
-            job.sender.send(response, flags=flags)
+        try:
+            if response is None:
+                job.sender.send(flags=flags)
+            else:
+                job.sender.send(response, flags=flags)
+        except Exception as e:  # the worker goes on draining its inner stream; a lost final is logged, never silent
+            pb_utils.Logger.log_error(f"tensorrt_llm_bls: a response{' (final)' if flags == FINAL else ''} to "
+                                      f"request {job.client_id or '(no id)'} was not sent: {e}")
 
     def _inner_failure(self, resp):
         """A composing model's failure (as data or a Triton error), in the client's names; None if it succeeded."""
@@ -322,7 +326,10 @@ class TritonPythonModel:
         # Flags only: the workers that own the job's rows stop their engine requests on the next response.
         # Live asks only unanswered requests, under the lock every send takes (see _send).
         while not self.closing.wait(WATCH_PERIOD_S):
-            self.live.cancelled(lambda sender: sender.is_cancelled())
+            try:
+                self.live.cancelled(lambda sender: sender.is_cancelled())
+            except Exception as e:  # the watcher must outlive one bad reading (it also releases drained iterators)
+                pb_utils.Logger.log_error(f"tensorrt_llm_bls: watcher: {e}")
             self.drained.prune()
 
     def finalize(self):

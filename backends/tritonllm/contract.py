@@ -264,7 +264,12 @@ BLS_INPUTS: tuple[Tensor, ...] = (
     Tensor("logit_bias_ids", "TYPE_INT32", (-1,), optional=True, nvidia=False),
     Tensor("logit_bias_weights", "TYPE_FP32", (-1,), optional=True, nvidia=False),
 )
-BLS_OUTPUTS: tuple[Tensor, ...] = (*TEXT_OUTPUTS, *TOP_LOGPROB_OUTPUTS, FINISH_REASON_OUTPUT, *ERROR_OUTPUTS)
+# Not NVIDIA's: the generated token ids that output_log_probs scores, one id per log prob in the same layout
+# ([1, 1, tokens]), sent with every chunk that carries log probs. The client names each log prob's token from
+# its id instead of re-tokenizing the text (which a stop string's cut, or a BPE merge across chunks, defeats).
+LOGPROB_TOKEN_IDS = Tensor("output_token_ids", "TYPE_INT32", (-1, -1), nvidia=False)
+BLS_OUTPUTS: tuple[Tensor, ...] = (*TEXT_OUTPUTS, LOGPROB_TOKEN_IDS, *TOP_LOGPROB_OUTPUTS, FINISH_REASON_OUTPUT,
+                                   *ERROR_OUTPUTS)
 
 # --------------------------------------------------------------------------- ensemble wiring (NVIDIA's)
 # Internal tensors carry NVIDIA's names (leading underscore) so their ensemble reads the same.

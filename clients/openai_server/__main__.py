@@ -50,6 +50,10 @@ def main(argv=None) -> int:
                    help="larger request bodies are refused with 413 (default 16 MiB)")
     p.add_argument("--request-body-timeout-s", type=float, default=30.0,
                    help="a body that stops arriving for this long is refused with 408 (default 30 s)")
+    p.add_argument("--responses-store-size", type=int, default=1000,
+                   help="/v1/responses kept for retrieval and previous_response_id (oldest dropped; 0: none)")
+    p.add_argument("--responses-ttl-s", type=float, default=3600.0,
+                   help="how long a stored response can be retrieved or continued (default 1 h)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     try:
@@ -71,7 +75,8 @@ def main(argv=None) -> int:
                               default_max_tokens=args.default_max_tokens, lora_modules=lora_modules,
                               api_key=args.api_key, tool_call_parser=args.tool_call_parser,
                               reasoning_parser=args.reasoning_parser, max_request_bytes=args.max_request_bytes,
-                              request_body_timeout_s=args.request_body_timeout_s))
+                              request_body_timeout_s=args.request_body_timeout_s,
+                              responses_store_size=args.responses_store_size, responses_ttl_s=args.responses_ttl_s))
     from clients.llm_client import reachable
     from clients.openai_server.triton import unreachable_message
 

@@ -1,5 +1,5 @@
-"""The FastAPI application: /v1/models, /v1/completions, /v1/chat/completions (plain JSON or SSE), /health,
-/health_generate.
+"""The FastAPI application: /v1/models, /v1/completions, /v1/chat/completions (plain JSON or SSE), /v1/responses
+(responses_api.py, over the chat path), /health, /health_generate.
 
 Invariants:
 - A streamed response starts only after the first chunk arrived, so an error Triton reports before any
@@ -40,6 +40,7 @@ from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat
 from clients.openai_server.chat_answer import ChatAnswer
 from clients.openai_server.limits import ApiKey, BodyLimits, CancellingStream, ClientGone, unless_disconnected
 from clients.openai_server.tool_calls import PARSERS as TOOL_PARSERS, json_array, named
+from clients.openai_server.responses_api import install_responses
 from clients.openai_server.triton import TritonText
 from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams, OutOfRange
 
@@ -62,6 +63,8 @@ class Settings:
     reasoning_parser: str | None = None  # reasoning.PARSERS: reasoning_content split off
     max_request_bytes: int = 16 * 1024 * 1024  # larger bodies: 413 (limits.BodyLimits)
     request_body_timeout_s: float = 30.0       # a body that stops arriving this long: 408
+    responses_store_size: int = 1000           # /v1/responses kept for retrieval / previous_response_id
+    responses_ttl_s: float = 3600.0
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -80,6 +83,21 @@ async def _first(chunks: AsyncIterator[Chunk]) -> Chunk | None:
         return await chunks.__anext__()
     except StopAsyncIteration:
         return None
+
+
+async def dict_events(first: Chunk | None, chunks: AsyncIterator[Chunk], make_event) -> AsyncIterator[dict]:
+    """``make_event(chunk)``'s events for every chunk, then ``make_event(None)``'s (the closing ones)."""
+    try:
+        if first is not None:
+            for event in make_event(first):
+                yield event
+            async for chunk in chunks:
+                for event in make_event(chunk):
+                    yield event
+        for event in make_event(None):
+            yield event
+    finally:
+        await chunks.aclose()  # cancels the Triton request when the client went away
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -147,19 +165,11 @@ def create_app(settings: Settings) -> FastAPI:
     async def stream_events(first: Chunk | None, chunks: AsyncIterator[Chunk], make_event) -> AsyncIterator[bytes]:
         """SSE of ``make_event(chunk)`` for every chunk, then ``make_event(None)`` (the closing events)."""
         try:
-            if first is not None:
-                for event in make_event(first):
-                    yield sse(event)
-                async for chunk in chunks:
-                    for event in make_event(chunk):
-                        yield sse(event)
-            for event in make_event(None):
+            async for event in dict_events(first, chunks, make_event):
                 yield sse(event)
             yield sse("[DONE]")
         except ApiError as e:
             yield sse(e.body())
-        finally:
-            await chunks.aclose()  # cancels the Triton request when the client went away
 
     @app.get("/health")
     async def health():
@@ -213,7 +223,7 @@ def create_app(settings: Settings) -> FastAPI:
             for i, (prompt, outcomes) in enumerate(zip(prompts, results)):
                 head = prompt if req.echo else ""
                 for j, o in enumerate(outcomes):  # OpenAI's order: prompt by prompt, n choices each
-                    lp = (completion_logprobs(tools, o.text, o.log_probs, len(head), o.top)
+                    lp = (completion_logprobs(tools, o.text, o.log_probs, len(head), o.top, o.token_ids)
                           if req.logprobs is not None else None)
                     choices.append({"index": i * n + j, "text": head + o.text, "logprobs": lp,
                                     "finish_reason": o.finish_reason(max_tokens)})
@@ -240,9 +250,10 @@ def create_app(settings: Settings) -> FastAPI:
             outcomes[j].add(chunk)
             head = prompt if echo[j] else ""
             echo[j] = False
-            lp = (completion_logprobs(tools, chunk.text, chunk.log_probs or [], top=chunk.top_log_probs)
+            lp = (completion_logprobs(tools, chunk.text, chunk.log_probs or [], top=chunk.top_log_probs,
+                                      ids=chunk.token_ids)
                   if req.logprobs is not None else None)
-            if chunk.text or head:
+            if chunk.text or head or (lp and lp["tokens"]):  # tokens past a stop string's cut keep their log probs
                 yield body(j, head + chunk.text, lp, None)
 
         return CancellingStream(stream_events(first, chunks, events), media_type="text/event-stream")
@@ -267,28 +278,37 @@ def create_app(settings: Settings) -> FastAPI:
         # OpenAI answers a named tool_choice with "stop", a call the model chose with "tool_calls"
         return "tool_calls" if called and reason != "length" and mode in ("auto", "required") else reason
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
+    def chat_plan(req: ChatCompletionRequest):
+        """(Triton model, tool mode, prompt, max_tokens, params) of a chat request, or ApiError."""
         req.check_supported()
-        model, n = triton_model(req.model), req.n
-        mode = tool_mode(req)
+        model, mode = triton_model(req.model), tool_mode(req)
         # tool_choice "none": the tools are not shown to the model, which then cannot call them
         prompt = tools.chat_prompt(req.chat_messages(), req.tool_dicts() if mode not in (None, "none") else None)
         max_tokens = req.max_new_tokens() or settings.default_max_tokens
         params = req.generation_params(max_tokens, req.logprobs, req.guide(mode), req.top_logprobs_count())
         params.lora_task_id = settings.lora_modules.get(req.model)
-        rid = new_id("chatcmpl")
-        if not req.stream:
-            outcomes = await unless_disconnected(request, run_to_end(prompt, params, model, req.timeout_us()))
-            choices = []
-            for j, o in enumerate(outcomes):
-                reason = o.finish_reason(max_tokens)
-                message = new_answer(mode).message(o.text, cut=reason == "length")
-                choices.append({"index": j, "message": message,
-                                "logprobs": chat_logprobs(tools, o.text, o.log_probs, o.top) if req.logprobs else None,
-                                "finish_reason": chat_finish(mode, bool(message.get("tool_calls")), reason)})
-            return chat_body(rid, req.model, choices, choices_usage(tools, prompt, outcomes))
+        return model, mode, prompt, max_tokens, params
 
+    async def chat_whole(req: ChatCompletionRequest, request: Request | None) -> dict:
+        """The chat completion body of a non-streamed request (``request``: cancelled if its client leaves)."""
+        model, mode, prompt, max_tokens, params = chat_plan(req)
+        work = run_to_end(prompt, params, model, req.timeout_us())
+        outcomes = await (unless_disconnected(request, work) if request is not None else work)
+        choices = []
+        for j, o in enumerate(outcomes):
+            reason = o.finish_reason(max_tokens)
+            message = new_answer(mode).message(o.text, cut=reason == "length")
+            choices.append({"index": j, "message": message,
+                            "logprobs": (chat_logprobs(tools, o.text, o.log_probs, o.top, o.token_ids)
+                                         if req.logprobs else None),
+                            "finish_reason": chat_finish(mode, bool(message.get("tool_calls")), reason)})
+        return chat_body(new_id("chatcmpl"), req.model, choices, choices_usage(tools, prompt, outcomes))
+
+    async def chat_streamed(req: ChatCompletionRequest):
+        """(first chunk, chunks, make_event) of a streamed request: ``stream_events`` turns them into chat chunks.
+        An error before the first chunk raises here (an HTTP status, not an event)."""
+        model, mode, prompt, max_tokens, params = chat_plan(req)
+        n, rid = req.n, new_id("chatcmpl")
         outcomes, answers = [Outcome() for _ in range(n)], [new_answer(mode) for _ in range(n)]
         chunks, first = await start(prompt, params, True, model, req.timeout_us())
         usage_field = {"usage": None} if req.include_usage() else {}
@@ -323,9 +343,16 @@ def create_app(settings: Settings) -> FastAPI:
             outcomes[j].add(chunk)
             if req.logprobs:
                 pending_lp[j].extend(chat_logprobs(tools, chunk.text, chunk.log_probs or [],
-                                                   chunk.top_log_probs)["content"])
+                                                   chunk.top_log_probs, chunk.token_ids)["content"])
             yield from deltas(j, chunk.text, False)
 
-        return CancellingStream(stream_events(first, chunks, events), media_type="text/event-stream")
+        return first, chunks, events
 
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        if not req.stream:
+            return await chat_whole(req, request)
+        return CancellingStream(stream_events(*await chat_streamed(req)), media_type="text/event-stream")
+
+    install_responses(app, settings, chat_plan, chat_whole, chat_streamed, dict_events)
     return app

@@ -7,11 +7,12 @@ Invariants:
 - ``finish_reason`` is the engine's (passed on by the BLS): "stop" (end id or stop string), "length" (max_tokens,
   and a request cut by its deadline, as vLLM reports a cut); through the ensemble (no reason sent) "length" when
   the model generated ``max_tokens`` tokens, else "stop".
-- Logprobs: the engine returns one log probability per generated token but not the token strings. Token
-  strings come from re-tokenizing the generated text; when that does not give as many tokens as log probs
-  (a BPE merge differs, or a stop string cut the text), tokens are reported as "" rather than guessed.
-  ``top_logprobs`` are the engine's alternatives (token ids decoded one by one), empty lists when none
-  were asked for.
+- Logprobs: one per generated token, the engine's, each named by the id of the token it scores (the BLS's
+  and the direct path's ``output_token_ids``, decoded one by one), also the tokens past a stop string's cut,
+  whose log probs the engine computed. Only through the ensemble, which has no such output, do token strings
+  come from re-tokenizing the text; where that gives another count (a BPE merge differs, a stop string cut
+  the text) they are "" rather than guessed. ``top_logprobs`` are the engine's alternatives (ids decoded one
+  by one), empty lists when none were asked for.
 - With ``n`` > 1 each sequence is one ``Outcome``; usage counts the prompt once and every sequence's
   completion tokens (OpenAI's accounting).
 - The chat template is rendered client-side (transformers' ``apply_chat_template``, local files, no
@@ -71,8 +72,11 @@ class TextTools:
     def token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
 
-    def tokens(self, text: str, n: int) -> list[str]:
-        """``n`` token strings for ``text`` (see the module docstring: "" when re-tokenizing disagrees)."""
+    def tokens(self, text: str, n: int, ids: list[int] | None = None) -> list[str]:
+        """``n`` token strings: of ``ids`` when given (one per log prob), else of ``text`` re-tokenized (see
+        the module docstring: "" when that disagrees)."""
+        if ids is not None and len(ids) == n:
+            return [self.token(i) for i in ids]
         if n == 1:
             return [text]
         if self.tokenizer is not None:
@@ -88,6 +92,7 @@ class Outcome:
 
     text: str = ""
     log_probs: list[float] = field(default_factory=list)
+    token_ids: list[int] | None = field(default_factory=list)  # of log_probs; None once a chunk came without
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -98,6 +103,11 @@ class Outcome:
             self.engine_reason = chunk.finish_reason
         self.text += chunk.text
         self.log_probs.extend(chunk.log_probs or [])
+        if chunk.log_probs:
+            if chunk.token_ids is None or self.token_ids is None:
+                self.token_ids = None
+            else:
+                self.token_ids.extend(chunk.token_ids)
         self.top.extend(chunk.top_log_probs or [])
         if chunk.num_input_tokens is not None:
             self.prompt_tokens = chunk.num_input_tokens
@@ -126,8 +136,9 @@ def _tops(top: list[list[tuple[int, float]]] | None, n: int) -> list[list[tuple[
 
 
 def completion_logprobs(tools: TextTools, text: str, log_probs: list[float], offset: int = 0,
-                        top: list[list[tuple[int, float]]] | None = None) -> dict[str, Any]:
-    tokens = tools.tokens(text, len(log_probs))
+                        top: list[list[tuple[int, float]]] | None = None,
+                        ids: list[int] | None = None) -> dict[str, Any]:
+    tokens = tools.tokens(text, len(log_probs), ids)
     offsets, pos = [], offset
     for t in tokens:
         offsets.append(pos)
@@ -137,8 +148,8 @@ def completion_logprobs(tools: TextTools, text: str, log_probs: list[float], off
 
 
 def chat_logprobs(tools: TextTools, text: str, log_probs: list[float],
-                  top: list[list[tuple[int, float]]] | None = None) -> dict[str, Any]:
-    tokens = tools.tokens(text, len(log_probs))
+                  top: list[list[tuple[int, float]]] | None = None, ids: list[int] | None = None) -> dict[str, Any]:
+    tokens = tools.tokens(text, len(log_probs), ids)
 
     def entry(token: str, lp: float) -> dict:
         return {"token": token, "logprob": lp, "bytes": list(token.encode("utf-8"))}

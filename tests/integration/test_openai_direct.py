@@ -26,6 +26,8 @@ CASES = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Give a JSON object with a name."}],
                               "max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"},
                               "logprobs": True, "top_logprobs": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count from one to ten."}],
+                              "max_tokens": 30, "temperature": 0, "stop": ["four"], "logprobs": True}),
     ("/v1/completions", {"prompt": "", "max_tokens": 4}),              # refused by the text steps
     ("/v1/completions", {"prompt": "word " * 9000, "max_tokens": 4}),  # refused by the engine: past the context
 ]

@@ -124,6 +124,26 @@ def test_logprobs_one_per_generated_token(client, greedy):
     assert all(x <= 0.0 for x in lp.token_logprobs)
 
 
+@pytest.mark.parametrize("model", ["tritonllm", "tensorrt_llm_bls"])  # the direct path and the BLS
+def test_logprobs_name_every_scored_token_past_a_stop_string(client, greedy, model):
+    """Each log prob's token is the engine's (its id), also past the stop string's cut: re-tokenizing the cut
+    text gave fewer tokens than log probs, and every token came back as ""."""
+    text = greedy.choices[0].text
+    i = text.index(" ", 2)
+    stop = text[i:i + 4]
+    kw = dict(model=model, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1, stop=[stop])
+    r = client.completions.create(**kw)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == text[:text.index(stop)] and r.choices[0].finish_reason == "stop"
+    assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens
+    joined = "".join(lp.tokens)
+    assert all(lp.tokens) and joined.startswith(r.choices[0].text) and stop in joined, lp.tokens
+    assert lp.text_offset == [len("".join(lp.tokens[:k])) for k in range(len(lp.tokens))]
+    streamed = [t for e in client.completions.create(stream=True, **kw) for c in e.choices if c.logprobs
+                for t in c.logprobs.tokens]
+    assert streamed == lp.tokens
+
+
 def test_seeded_sampling_is_reproducible(client):
     kwargs = dict(model="tritonllm", prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.95, seed=1234)
     a, b = client.completions.create(**kwargs), client.completions.create(**kwargs)

@@ -86,6 +86,19 @@ def test_stop_string_is_cut_and_generation_stops(tok):
         assert gen.num_tokens < len(ids)  # ended before the engine's stream did
 
 
+def test_log_probs_past_a_stop_string_keep_their_token_ids(tok):
+    """Re-tokenizing the cut text cannot name these tokens (there are more log probs than its tokens)."""
+    ids = tok.encode("the quick brown fox jumps over a lazy dog", add_special_tokens=False)
+    for stream in (True, False):
+        req = B.parse_request(_client(stop_words=_words("brown f"), stream=np.array([[stream]])))
+        gen, chunks = _run(tok, req, ids, seed=2)
+        lp = [c.outputs for c in chunks if "output_log_probs" in c.outputs]
+        scored = np.concatenate([o["output_token_ids"].reshape(-1) for o in lp]).tolist()
+        assert len(scored) == sum(o["output_log_probs"].size for o in lp) == gen.num_tokens
+        assert scored == ids[:gen.num_tokens]
+        assert len(tok.encode("".join(c.text for c in chunks), add_special_tokens=False)) < len(scored)
+
+
 def test_include_stop_words_keeps_the_stop_word_as_nvidias_bls(tok):
     text = "the quick brown fox jumps over a lazy dog"
     ids = tok.encode(text, add_special_tokens=False)
@@ -111,6 +124,9 @@ def test_log_probs_and_token_counts_cover_every_token_once(tok):
         _, chunks = _run(tok, B.parse_request(_client(stream=np.array([[stream]]))), ids, seed=1)
         lp = np.concatenate([c.outputs["output_log_probs"].reshape(-1) for c in chunks if "output_log_probs" in c.outputs])
         assert lp.tolist() == (-np.arange(len(ids), dtype=np.float32)).tolist()
+        scored = np.concatenate([c.outputs["output_token_ids"].reshape(-1) for c in chunks
+                                 if "output_log_probs" in c.outputs])
+        assert scored.tolist() == ids  # each log prob names its token: the engine's id, not a re-tokenization
         counts = [int(c.outputs["num_output_tokens"].reshape(-1)[0]) for c in chunks if "num_output_tokens" in c.outputs]
         assert sum(counts) == len(ids) and (stream or len(counts) == 1)
         arrays = chunks[-1].arrays()  # NVIDIA's flat text_output: [beams] per response

@@ -27,10 +27,11 @@ Invariants:
   ``include_stop_words`` (NVIDIA's BLS keeps the stop word);
 - pass-through outputs (present when the client asked for them, as tensorrt_llm gives them): each chunk
   carries ``output_log_probs`` of every token since the previous chunk (concatenated; so the chunks'
-  log probs together cover every generated token once), likewise ``top_log_probs`` / ``top_log_prob_ids``
-  (``[1, tokens, k]``, concatenated along the token axis), ``num_output_tokens`` summed over the same
-  responses (NVIDIA's per-response count; a non-streamed response with the prompt included counts it
-  too, as NVIDIA's tensorrt_llm does), and the latest ``cum_log_probs`` / ``num_input_tokens`` / perf
+  log probs together cover every generated token once) and ``output_token_ids``, those tokens' ids (the
+  engine's, one per log prob, also past a stop string's cut as the log probs are), likewise
+  ``top_log_probs`` / ``top_log_prob_ids`` (``[1, tokens, k]``, concatenated along the token axis),
+  ``num_output_tokens`` summed over the same responses (NVIDIA's per-response count; a non-streamed
+  response with the prompt included counts it too, as NVIDIA's tensorrt_llm does), and the latest ``cum_log_probs`` / ``num_input_tokens`` / perf
   metrics received since the previous chunk;
 - ``text_output`` is ``[1]`` (``[batch]`` for a unary batch), NVIDIA's flat layout; a chunk carries
   ``batch_index`` when the client batch has several rows and ``sequence_index`` when n > 1;
@@ -60,6 +61,8 @@ from .word_lists import parse_words
 PASS_THROUGH = ("cum_log_probs", "output_log_probs", "num_input_tokens", "num_output_tokens",
                 *(t.name for t in C.PERF_OUTPUTS))
 SUMMED = ("num_output_tokens",)
+# Ours, to the client with output_log_probs: the ids of the tokens those log probs score (contract.LOGPROB_TOKEN_IDS).
+LOGPROB_IDS = C.LOGPROB_TOKEN_IDS.name
 LLM_OUTPUTS = ("output_ids", "sequence_length", "sequence_index", *PASS_THROUGH)
 # Ours (not NVIDIA's tensorrt_llm): asked for only when the client wants top log probs, so a BLS in front
 # of NVIDIA's backend (which declares neither, and refuses undeclared outputs) works without them.

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .bls_stream import PASS_THROUGH, SUMMED, TOP_OUTPUTS, BlsRequest
+from .bls_stream import LOGPROB_IDS, PASS_THROUGH, SUMMED, TOP_OUTPUTS, BlsRequest
 from .detokenizer import IncrementalDetokenizer, TokenizerTraits, tokenizer_traits
 from .stop_strings import StopStringMatcher
 
@@ -41,15 +41,18 @@ class Chunk:
 
 
 class _PassThrough:
-    """Pass-through arrays of the responses not yet sent: per-token ones (output_log_probs, top log probs)
-    concatenated along their token axis, the rest latest (num_output_tokens summed)."""
+    """Pass-through arrays of the responses not yet sent: per-token ones (output_log_probs with the ids of the
+    tokens they score, top log probs) concatenated along their token axis, the rest latest (num_output_tokens
+    summed)."""
 
     def __init__(self) -> None:
         self._latest: dict[str, np.ndarray] = {}
         self._logprobs: list[np.ndarray] = []
+        self._ids: list[np.ndarray] = []
         self._top: dict[str, list[np.ndarray]] = {name: [] for name in TOP_OUTPUTS}
 
-    def add(self, arrays: Mapping[str, np.ndarray]) -> None:
+    def add(self, arrays: Mapping[str, np.ndarray], ids: np.ndarray) -> None:
+        """``ids``: the response's new token ids (what its log probs score, one each)."""
         for name in TOP_OUTPUTS:  # [1, tokens, k] per response
             if arrays.get(name) is not None:
                 a = np.asarray(arrays[name])
@@ -59,6 +62,7 @@ class _PassThrough:
                 continue
             if name == "output_log_probs":
                 self._logprobs.append(np.asarray(arrays[name], dtype=np.float32).reshape(1, 1, -1))
+                self._ids.append(np.asarray(ids, dtype=np.int32).reshape(1, 1, -1))
             elif name in SUMMED and name in self._latest:
                 self._latest[name] = self._latest[name] + np.asarray(arrays[name])
             else:
@@ -74,10 +78,11 @@ class _PassThrough:
         out = self._latest
         if self._logprobs:
             out["output_log_probs"] = np.concatenate(self._logprobs, axis=-1)
+            out[LOGPROB_IDS] = np.concatenate(self._ids, axis=-1)
         for name, parts in self._top.items():
             if parts:
                 out[name] = np.concatenate(parts, axis=1)
-        self._latest, self._logprobs = {}, []
+        self._latest, self._logprobs, self._ids = {}, [], []
         self._top = {name: [] for name in TOP_OUTPUTS}
         return out
 
@@ -125,7 +130,7 @@ class TextGeneration:
         if arrays.get("sequence_length") is not None:  # [batch 1, beam 1]: the valid prefix
             ids = ids[: int(np.asarray(arrays["sequence_length"]).reshape(-1)[0])]
         self.num_tokens += len(ids)
-        self._pass.add(arrays)
+        self._pass.add(arrays, ids)
         if arrays.get("finish_reason") is not None:
             reason = np.asarray(arrays["finish_reason"]).reshape(-1)[0]
             self._reason = (reason.decode() if isinstance(reason, bytes) else str(reason)) or self._reason
