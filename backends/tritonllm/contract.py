@@ -68,6 +68,12 @@ TOP_LOGPROB_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("top_log_prob_ids", "TYPE_INT32", (-1, -1), nvidia=False),
 )
 
+# Not NVIDIA's: an embedding instead of generation (vLLM's pooling types, "last" or "mean"): the engine computes the
+# prompt only and answers once with EMBEDDING_OUTPUT, the pooled final hidden states (engine/pooling.py); the
+# OpenAI server's /v1/embeddings sends it. Batched with generation in the same engine steps.
+POOLING_INPUT = Tensor("pooling", "TYPE_STRING", (1,), optional=True, nvidia=False)
+EMBEDDING_OUTPUT = Tensor("embedding", "TYPE_FP32", (-1,), nvidia=False)
+
 # input_ids is optional in NVIDIA's current config only because encoder-decoder models send
 # encoder_input_features instead; the decoder-only engine answers INVALID_ARG when it is missing.
 TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
@@ -105,6 +111,7 @@ TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
     # ensemble's inputs ("request_output_len (max_tokens)"); a raw request gets our names only.
     Tensor("ensemble_names", "TYPE_BOOL", (1,), optional=True, reshape=(), nvidia=False),
     *ENGINE_REQUEST_INPUTS,
+    POOLING_INPUT,
 )
 
 # TensorRT-LLM's per-request perf metrics (return_perf_metrics), [1]-shaped outputs.
@@ -175,7 +182,7 @@ FINISH_REASON_OUTPUT = Tensor("finish_reason", "TYPE_STRING", (1,), nvidia=False
 ERROR_OUTPUTS: tuple[Tensor, ...] = tuple(Tensor(name, "TYPE_STRING", (1,), nvidia=False) for name in _ERROR_NAMES)
 
 TENSORRT_LLM_OUTPUTS: tuple[Tensor, ...] = (*NVIDIA_TENSORRT_LLM_OUTPUTS, *ENGINE_STREAM_OUTPUTS, *TOP_LOGPROB_OUTPUTS,
-                                           LLM_TEXT_OUTPUT, FINISH_REASON_OUTPUT, *ERROR_OUTPUTS)
+                                           LLM_TEXT_OUTPUT, FINISH_REASON_OUTPUT, EMBEDDING_OUTPUT, *ERROR_OUTPUTS)
 
 # --------------------------------------------------------------------------- preprocessing (tokenizer)
 # QUERY and REQUEST_OUTPUT_LEN: optional here, required by the step itself (see TEXT_INPUTS).

@@ -23,7 +23,8 @@ from their source, not run here):
 - outputs appear only when asked for: log probs with ``return_log_probs``, ``num_input_tokens`` /
   ``num_output_tokens`` with ``return_num_input_tokens`` / ``return_num_output_tokens``, the ten perf
   tensors with ``return_perf_metrics``, ``batch_index`` when the batch has more than one row,
-  ``top_log_probs`` / ``top_log_prob_ids`` with ``top_logprobs`` > 0.
+  ``top_log_probs`` / ``top_log_prob_ids`` with ``top_logprobs`` > 0, ``embedding`` on a ``pooling`` request's
+  final response (ours: the prompt's pooled hidden states, no tokens generated).
   ``num_output_tokens`` counts the ids of *that* response (the prompt too when it is included).
 """
 from __future__ import annotations
@@ -229,6 +230,9 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
     decay = _scalar(arrays, "runtime_top_p_decay", 1.0)
     if decay != 1.0:
         raise InvalidRequest(f"runtime_top_p_decay {decay} is not supported (only 1.0: no decay)")
+    pooling = _text(arrays, "pooling") or None
+    if pooling is not None and nret != 1:
+        raise InvalidRequest("pooling answers one embedding per prompt: num_return_sequences must be 1")
     guide_type = _text(arrays, "guided_decoding_guide_type")
     guide = (guide_type, _text(arrays, "guided_decoding_guide")) if guide_type else None
     if guide is None and _text(arrays, "guided_decoding_guide"):
@@ -247,6 +251,7 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
         guide=guide,
         embedding_bias=bias,
         allotted_time_ms=-(-timeout_us // 1000) if timeout_us > 0 else None,
+        pooling=pooling,
     )
     flags = OutputFlags(log_probs=params.return_log_probs,
                         num_input_tokens=bool(_scalar(arrays, "return_num_input_tokens", False)),
@@ -279,7 +284,7 @@ def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: fl
                     flags: OutputFlags, metrics: RequestMetrics | None = None, batch_index: int | None = None,
                     request_key: int = 0, is_final: bool = True, sequence_index: int | None = None,
                     top: list[list[tuple[int, float]]] | None = None,
-                    finish_reason: str | None = None) -> dict[str, np.ndarray]:
+                    finish_reason: str | None = None, embedding: list[float] | None = None) -> dict[str, np.ndarray]:
     """Arrays of one response of one row: batch 1, beam 1 (output_ids [1, 1, N], sequence_length [1, 1], ...).
 
     `request_key` (unique per engine request) and `is_final` are not NVIDIA outputs: wired to the
@@ -308,6 +313,8 @@ def response_arrays(token_ids: list[int], logprobs: list[float], cum_logprob: fl
     out["request_key"] = np.asarray([[request_key]], dtype=np.uint64)
     out["is_final"] = np.asarray([[is_final]], dtype=np.bool_)
     out["finish_reason"] = np.asarray([[(finish_reason or "").encode()]], dtype=object)
+    if embedding is not None:
+        out["embedding"] = np.asarray(embedding, dtype=np.float32).reshape(1, -1)
     return out
 
 

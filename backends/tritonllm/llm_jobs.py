@@ -210,7 +210,7 @@ class Jobs:
         def arrays(ids, logprobs, top):
             got = response_arrays(ids, logprobs, out.cum_logprob, out.num_prompt_tokens, req.flags, out.metrics,
                                   batch_index, int(row.rid), out.finished, sequence_index, top,
-                                  out.finish_reason if out.finished else None)
+                                  out.finish_reason if out.finished else None, out.embedding)
             if row.detok is not None:  # postprocessing's OUTPUT: [1] UTF-8 bytes, the exact delta
                 text = row.detok.finish(ids) if out.finished else row.detok.add(ids)
                 got["text_output"] = np.array([text.encode("utf-8")], dtype=object)

@@ -1,5 +1,5 @@
 """The FastAPI application: /v1/models, /v1/completions, /v1/chat/completions (plain JSON or SSE), /v1/responses
-(responses_api.py, over the chat path), /health, /health_generate.
+(responses_api.py, over the chat path), /v1/embeddings (embeddings.py), /health, /health_generate.
 
 Invariants:
 - A streamed response starts only after the first chunk arrived, so an error Triton reports before any
@@ -40,6 +40,7 @@ from clients.openai_server.responses import (Outcome, TextTools, chat_body, chat
 from clients.openai_server.chat_answer import ChatAnswer
 from clients.openai_server.limits import ApiKey, BodyLimits, CancellingStream, ClientGone, unless_disconnected
 from clients.openai_server.tool_calls import PARSERS as TOOL_PARSERS, json_array, named
+from clients.openai_server.embeddings import install_embeddings
 from clients.openai_server.responses_api import install_responses
 from clients.openai_server.triton import TritonText
 from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams, OutOfRange
@@ -355,4 +356,5 @@ def create_app(settings: Settings) -> FastAPI:
         return CancellingStream(stream_events(*await chat_streamed(req)), media_type="text/event-stream")
 
     install_responses(app, settings, chat_plan, chat_whole, chat_streamed, dict_events)
+    install_embeddings(app, settings, triton, tools, triton_model)
     return app

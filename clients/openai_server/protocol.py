@@ -70,7 +70,9 @@ def _check_unicode(value: Any, path: str) -> None:
             _check_unicode(item, f"{path}.{i}")
 
 
-class _Common(BaseModel):
+class UnicodeChecked(BaseModel):
+    """A request body whose strings must encode as UTF-8 (400 naming the field otherwise)."""
+
     model_config = ConfigDict(extra="ignore")
 
     @model_validator(mode="before")
@@ -78,6 +80,9 @@ class _Common(BaseModel):
     def _valid_unicode(cls, data: Any) -> Any:
         _check_unicode(data, "")
         return data
+
+
+class _Common(UnicodeChecked):
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)

@@ -32,19 +32,17 @@ from collections import OrderedDict
 from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from clients.openai_server.limits import CancellingStream
-from clients.openai_server.protocol import INT32_MAX, ApiError, ChatCompletionRequest
+from clients.openai_server.protocol import INT32_MAX, ApiError, ChatCompletionRequest, UnicodeChecked
 from clients.openai_server.responses import new_id
 from clients.openai_server.responses_events import ResponseEvents
 
 UNSUPPORTED = ("reasoning", "include", "conversation", "prompt", "max_tool_calls", "prompt_cache_key")
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ResponsesRequest(UnicodeChecked):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -140,6 +138,8 @@ def _chat_tools(req: ResponsesRequest) -> tuple[list[dict] | None, Any]:
 
 def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     fmt = (text or {}).get("format") or {"type": "text"}
+    if not isinstance(fmt, dict):
+        raise ApiError(400, "text.format must be an object with a type", param="text.format")
     if fmt.get("type") == "json_schema":
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
     if fmt.get("type") in ("text", "json_object"):
@@ -302,6 +302,9 @@ def install_responses(app, settings, chat_plan, chat_whole, chat_streamed, dict_
                     resp = answered(rid, req, created, await chat_whole(chat, None))
                 except ApiError as e:
                     resp = response_object(rid, req, created, "failed", [], error=failure(e))
+                except Exception as e:  # ours: the response must not stay in_progress forever
+                    resp = response_object(rid, req, created, "failed", [],
+                                           error={"code": "server_error", "message": f"{type(e).__name__}: {e}"})
                 keep(rid, req, chat, resp)
 
             pending = response_object(rid, req, created, "in_progress", [])

@@ -21,9 +21,11 @@ import itertools
 import os
 import re
 import time
+from contextlib import aclosing
 from typing import Any, AsyncIterator
 
 import grpc
+import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
@@ -161,8 +163,9 @@ class TritonText:
         """``timeout_us``: Triton's request timeout, which the engine takes as the request's allotted time."""
         model = model or await self.resolve()
         if model == C.TENSORRT_LLM:
-            async for chunk in self._generate_direct(prompt, params, stream, timeout_us):
-                yield chunk
+            async with aclosing(self._generate_direct(prompt, params, stream, timeout_us)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             return
         inputs, outputs = grpc_inputs(params, prompt, stream, model)
         sent = {i.name() for i in inputs}
@@ -177,23 +180,32 @@ class TritonText:
             request["parameters"][ERRORS_AS_DATA] = True
         if timeout_us:
             request["timeout"] = timeout_us
+        async with aclosing(self._stream(request)) as responses:
+            async for result, _ in responses:
+                yield chunk_from(result.as_numpy)
 
+    async def _stream(self, request: dict[str, Any], message=lambda text: text) -> AsyncIterator[tuple[Any, set]]:
+        """(result, its output names) of each data response of one request on its own gRPC stream, until Triton's
+        final flag. Failures (as data, Triton errors, transport errors) raise ApiError, the text through
+        ``message``. Closed before the final flag (the caller is done, or its client left), the call is cancelled,
+        which cancels the request inside Triton."""
         async def requests():
             yield request
 
         try:
             call = self.client.stream_infer(requests())
         except InferenceServerException as e:
-            raise api_error(e.message(), e.status()) from None
+            raise api_error(message(e.message()), e.status()) from None
         finished = False
         try:
             async for result, error in call:
                 if error is not None:
-                    raise api_error(error.message(), error.status())
+                    raise api_error(message(error.message()), error.status())
                 response = result.get_response()
                 if response.outputs:
-                    raise_failure(result.as_numpy)
-                    yield chunk_from(result.as_numpy)
+                    got = {o.name for o in response.outputs}
+                    raise_failure(lambda name: result.as_numpy(name) if name in got else None)
+                    yield result, got
                 if response.parameters["triton_final_response"].bool_param:
                     finished = True
                     return
@@ -203,6 +215,28 @@ class TritonText:
             if not finished:
                 call.cancel()
 
+    async def embed(self, ids: list[int], pooling: str, lora_task_id: int | None = None) -> list[float]:
+        """One prompt's pooled final hidden states from ``tensorrt_llm`` (its ``pooling`` input, ``embedding``
+        output: prefill only, batched with generation in the engine)."""
+        if not await self._ready(C.TENSORRT_LLM):
+            raise ApiError(503, f"embeddings need Triton's {C.TENSORRT_LLM} model, which is not ready at {self.url}",
+                           "service_unavailable")
+        inputs = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+                  "request_output_len": np.array([[1]], np.int32), "streaming": np.array([[False]]),
+                  "pooling": np.array([[pooling.encode()]], dtype=object)}
+        if lora_task_id is not None:
+            inputs["lora_task_id"] = np.array([[lora_task_id]], np.uint64)
+        request = grpc_request(inputs, [C.EMBEDDING_OUTPUT.name, *ERROR_OUTPUTS],
+                               f"emb-{os.getpid()}-{next(self._ids)}", None)
+        vector = None
+        async with aclosing(self._stream(request)) as responses:
+            async for result, got in responses:
+                if C.EMBEDDING_OUTPUT.name in got:
+                    vector = result.as_numpy(C.EMBEDDING_OUTPUT.name).reshape(-1).tolist()
+        if vector is None:
+            raise ApiError(500, f"{C.TENSORRT_LLM} answered without an embedding", "server_error")
+        return vector
+
     async def _generate_direct(self, prompt: str, params: GenerationParams, stream: bool,
                                timeout_us: int | None) -> AsyncIterator[Chunk]:
         """The BLS's text steps here, tensorrt_llm in Triton (direct.py); the call is cancelled as soon as every
@@ -210,35 +244,12 @@ class TritonText:
         steps = await self._text_steps()
         inputs, outputs, seqs = steps.request(params, prompt, stream)
         request = grpc_request(inputs, outputs, f"oai-{os.getpid()}-{next(self._ids)}", timeout_us)
-
-        async def requests():
-            yield request
-
-        try:
-            call = self.client.stream_infer(requests())
-        except InferenceServerException as e:
-            raise api_error(client_message(e.message()), e.status()) from None
-        finished = False
-        try:
-            async for result, error in call:
-                if error is not None:
-                    raise api_error(client_message(error.message()), error.status())
-                response = result.get_response()
-                if response.outputs:
-                    got = {o.name for o in response.outputs}
-                    raise_failure(lambda name: result.as_numpy(name) if name in got else None)
-                    for chunk in chunks_of(seqs, {n: result.as_numpy(n) for n in outputs if n in got}):
-                        yield chunk
-                    if seqs.done:  # every sequence completed a stop string: the engine request can go
-                        return
-                if response.parameters["triton_final_response"].bool_param:
-                    finished = True
-                    break
-            for chunk in seqs.finish_all():
-                if not chunk.empty:
-                    yield chunk_from(chunk.arrays().get)
-        except grpc.RpcError as e:
-            raise api_error(e.details() or str(e), str(e.code())) from None
-        finally:
-            if not finished:
-                call.cancel()
+        async with aclosing(self._stream(request, client_message)) as responses:
+            async for result, got in responses:
+                for chunk in chunks_of(seqs, {n: result.as_numpy(n) for n in outputs if n in got}):
+                    yield chunk
+                if seqs.done:  # every sequence completed a stop string: the engine request can go (cancelled)
+                    return
+        for chunk in seqs.finish_all():
+            if not chunk.empty:
+                yield chunk_from(chunk.arrays().get)

@@ -163,6 +163,8 @@ def _non_default(t) -> np.ndarray:
         return np.array([[b"json"]], object)
     if t.name == "guided_decoding_guide":
         return np.array([[b"{}"]], object)
+    if t.name == "pooling":
+        return np.array([[b"mean"]], object)
     value = {"TYPE_BOOL": True, "TYPE_FP32": 0.37, "TYPE_INT32": 3, "TYPE_UINT64": 3}[t.dtype]
     return np.full((1,) + tuple(max(d, 1) for d in t.dims), value, dtype=C.numpy_dtype(t.dtype))
 

@@ -21,6 +21,7 @@ from .loader import load_model
 from .lora import LoraSet
 from .batch_layout import attention_meta
 from .model import Transformer
+from .pooling import Pooled
 from .request import InvalidRequest, Request, RequestOutput, SamplingParams
 from .sampler import device_bias, sample
 from .speculative import may_draft, propose_ngram, verify_greedy, verify_sampled
@@ -107,7 +108,7 @@ class LLMEngine:
         if (params.embedding_bias is not None and params.embedding_bias.numel() == V
                 and np.isneginf(params.embedding_bias.detach().cpu().numpy()).all()):  # nothing left to sample: NaN
             raise InvalidRequest("embedding_bias bans every token (-inf everywhere)")
-        total = len(prompt_ids) + params.max_tokens
+        total = len(prompt_ids) + (0 if params.pooling else params.max_tokens)
         if total > self.max_seq_len:
             raise InvalidRequest(f"prompt_ids length {len(prompt_ids)} + max_tokens {params.max_tokens} "
                                  f"exceeds max_seq_len {self.max_seq_len}")
@@ -225,10 +226,16 @@ class LLMEngine:
         if not sched.items:
             return outputs
         self._count_step(sched)
-        sampling, rows, meta, ids, pos = self._prepare(sched.items)
-        logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
+        sampling, rows, meta, ids, pos, pooled = self._prepare(sched.items)
+        if pooled.rows:
+            logits, hidden = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows, pooled.tensor(ids.device))
+        else:
+            logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
         speculating = [req for req, _ in sched.items if req.draft]
         self.scheduler.update_from_output(sched.items)
+        for req in pooled.add(hidden if pooled.rows else None):
+            self._drop(req)
+            outputs.append(pooled.output(req))
         self.stats.prefix_hit_tokens = self.scheduler.prefix_hits
         self.stats.prefix_query_tokens = self.scheduler.prefix_queries
         plain = len(sampling) - len(speculating)
@@ -263,7 +270,7 @@ class LLMEngine:
         for req in self.scheduler.running:
             p = req.params
             req.draft = []
-            if req.num_computed != len(req.token_ids) - 1 or not may_draft(req):
+            if req.params.pooling or req.num_computed != len(req.token_ids) - 1 or not may_draft(req):
                 continue
             room = min(self.config.max_draft_len, p.max_tokens - req.num_output - 1,
                        self.max_seq_len - len(req.token_ids) - 1)
@@ -311,6 +318,7 @@ class LLMEngine:
         dev = self.model.device
         ids, pos, spans = [], [], []
         sampling, rows, spec_rows = [], [], []
+        pooled = Pooled()
         adapter_spans: dict[int, list[tuple[int, int]]] = {}
         for req, n in items:
             start = len(ids)
@@ -321,7 +329,9 @@ class LLMEngine:
             ids.extend(seq[p0:p0 + n])
             pos.extend(range(p0, p0 + n))
             spans.append((req.block_table, p0, n))
-            if req.draft:
+            if req.params.pooling:
+                pooled.schedule(req, start, p0, n)
+            elif req.draft:
                 spec_rows.extend(range(start + n - 1 - len(req.draft), start + n))
             elif p0 + n == len(req.token_ids):
                 sampling.append(req)
@@ -332,7 +342,7 @@ class LLMEngine:
         sampling += [req for req, _ in items if req.draft]
         rows += spec_rows
         return (sampling, torch.tensor(rows, dtype=torch.long, device=dev), meta,
-                torch.tensor(ids, device=dev), torch.tensor(pos, device=dev))
+                torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), pooled)
 
     def _lora_segments(self, spans: dict[int, list[tuple[int, int]]], num_tokens: int) -> list:
         """(adapter, token rows) per adapter in the step; rows None when one adapter has every token."""

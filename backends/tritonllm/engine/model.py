@@ -165,8 +165,9 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta,
                 kv_k: list[torch.Tensor], kv_v: list[torch.Tensor],
-                logits_rows: torch.Tensor) -> torch.Tensor:
-        """Runs the new tokens, writes their K/V into the cache, returns fp32 logits of `logits_rows`."""
+                logits_rows: torch.Tensor, hidden_rows: torch.Tensor | None = None):
+        """Runs the new tokens, writes their K/V into the cache, returns fp32 logits of `logits_rows`; with
+        `hidden_rows`, (logits, fp32 final hidden states of those rows after the last norm: what pooling reads)."""
         spec, linear = self.spec, self.linear
         h = self.embed_rows(input_ids)
         if self.embed_scale is not None:
@@ -206,8 +207,12 @@ class Transformer:
             if meta.lora:
                 LoraSet.apply(down, act, meta.lora, li, "down")
             h.add_(down)
-        h = self._norm(h.index_select(0, logits_rows), self.norm)
-        return linear(h, self.lm_head).float()
+        if hidden_rows is None:
+            return linear(self._norm(h.index_select(0, logits_rows), self.norm), self.lm_head).float()
+        n = logits_rows.numel()
+        normed = self._norm(h.index_select(0, torch.cat([logits_rows, hidden_rows])), self.norm)
+        logits = linear(normed[:n], self.lm_head).float() if n else normed.new_empty(0, self.spec.vocab_size)
+        return logits, normed[n:].float()
 
     # One fused native call each on fp32 CPU (cpu_kernels), torch's ops elsewhere.
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

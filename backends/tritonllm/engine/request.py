@@ -11,6 +11,7 @@ import torch
 
 
 MAX_TOP_LOGPROBS = 20
+POOLING = (None, "last", "mean")  # SamplingParams.pooling
 MAX_BIAS = 1e6  # |embedding_bias| bound: biased, temperature-scaled logits must stay finite
 
 
@@ -51,6 +52,10 @@ class SamplingParams:
     # Engine id of a sibling with the same prompt (n > 1): with prefix caching on, this request is not
     # admitted until that sibling has computed its prompt, so the prompt's full blocks are shared.
     prefill_after: str | None = None
+    # Not generation: the prompt's final hidden states (after the model's last norm) pooled into one vector,
+    # "last" (the last token's) or "mean" (over the prompt), vLLM's pooling types for embeddings. Prefill only:
+    # the request ends when its prompt is computed, its KV blocks freed; max_tokens and sampling do not apply.
+    pooling: str | None = None
 
     def verify(self) -> None:
         """Refuse values no engine can serve (InvalidRequest naming the field), as vLLM's
@@ -58,6 +63,8 @@ class SamplingParams:
         engine's to check. The tensor contract renames fields to its inputs (``llm_io.in_tensor_names``)."""
         if self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.pooling not in POOLING:
+            raise InvalidRequest(f"pooling must be one of {', '.join(p for p in POOLING if p)}, got {self.pooling!r}")
         for name, value in (("temperature", self.temperature), ("top_p", self.top_p),
                             ("repetition_penalty", self.repetition_penalty),
                             ("presence_penalty", self.presence_penalty),
@@ -160,6 +167,8 @@ class Request:
     # params.top_logprobs > 0 only: one list per generated token, parallel to ``logprobs``
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     embedding_bias: torch.Tensor | None = None  # params.embedding_bias, fp32, vocab-wide, on the model's device
+    pool_sum: torch.Tensor | None = None  # params.pooling: the pooled hidden states of the prompt computed so far
+    pool_count: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -202,6 +211,7 @@ class RequestOutput:
     # per new token (aligned with new_token_ids): the params.top_logprobs most likely (id, log prob),
     # descending, ties by id; empty when top_logprobs == 0
     new_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    embedding: list[float] | None = None  # params.pooling: the pooled vector, on the final output
 
 
 def admit(unfinished: set[str], request_ids: list[str], capacity: int, max_queue_size: int, running: int) -> None:
