@@ -36,7 +36,7 @@ EXPECT = {
     ("NVIDIA's LLM-API contract (model `llmapi`)", 0): ['"text_output"'],
     ("Classical models next to the LLM", 0): [],
     ("Clients", 0): [],
-    ("OpenAI-compatible API", 1): [],
+    ("OpenAI-compatible API", 1): ["2 576"],
 }
 NOT_RUN = {
     ("Two commands", 0): "server only: `make serve`, started here",
