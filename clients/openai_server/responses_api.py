@@ -22,6 +22,8 @@ Invariants:
 - ``background: true`` answers at once (status ``in_progress``) and generates in a task; GET polls it;
   ``POST /v1/responses/{id}/cancel`` cancels that task (its Triton request too): status ``cancelled``.
   Only background responses can be cancelled (400 otherwise), as OpenAI's API says.
+- ``GET /v1/responses/{id}/input_items`` lists the response's own input (not its predecessors'), as items with
+  ids, newest first by default (``order``, ``limit`` 1..100, ``after`` cursor: the SDK's auto-pagination).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Literal
 
-from fastapi import Request
+from fastapi import Query, Request
 from pydantic import Field, ValidationError
 
 from clients.openai_server.limits import CancellingStream
@@ -237,6 +239,23 @@ def output_items(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
     return items
 
 
+def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's own input as Responses items with ids (GET /v1/responses/{id}/input_items), oldest first."""
+    items = [{"role": "user", "content": value}] if isinstance(value, str) else value
+    out = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            out.append({"type": "message", "id": new_id("msg"), "role": item.get("role"), "status": "completed",
+                        "content": [{"type": part, "text": content}] if isinstance(content, str) else content})
+        else:
+            out.append({**item, "id": item.get("id") or new_id("fc" if kind == "function_call" else "fco"),
+                        "status": "completed"})
+    return out
+
+
 def history_of(chat: ChatCompletionRequest, output: list[dict[str, Any]], instructions: bool) -> list[dict]:
     """The conversation a follow-up continues: this request's messages (without its instructions) and its output."""
     messages = [m.model_dump(exclude_none=True) for m in chat.messages][1 if instructions else 0:]
@@ -284,7 +303,7 @@ def install_responses(app, settings, chat_plan, chat_whole, chat_streamed, dict_
 
     def keep(rid: str, req: ResponsesRequest, chat: ChatCompletionRequest, resp: dict, task=None) -> None:
         if req.store:
-            store.put(rid, {"response": resp, "task": task,
+            store.put(rid, {"response": resp, "task": task, "input_items": input_items(req.input),
                             "history": history_of(chat, resp["output"], bool(req.instructions))})
 
     def failure(e: ApiError) -> dict:
@@ -316,7 +335,8 @@ def install_responses(app, settings, chat_plan, chat_whole, chat_streamed, dict_
             return resp
         first, chunks, make_event = await chat_streamed(chat)
         events = ResponseEvents(lambda status, output, usage: response_object(
-            rid, req, created, status, output, usage_of(usage), "max_output_tokens" if status == "incomplete" else None))
+            rid, req, created, status, output, usage_of(usage),
+            "max_output_tokens" if status == "incomplete" else None))
 
         async def stream():
             for event in events.start():
@@ -339,6 +359,21 @@ def install_responses(app, settings, chat_plan, chat_whole, chat_streamed, dict_
     @app.get("/v1/responses/{rid}")
     async def retrieve_response(rid: str):
         return store.get(rid)["response"]
+
+    @app.get("/v1/responses/{rid}/input_items")
+    async def list_input_items(rid: str, limit: int = Query(20, ge=1, le=100),
+                               order: Literal["asc", "desc"] = "desc", after: str | None = None):
+        items = store.get(rid)["input_items"]
+        items = items[::-1] if order == "desc" else items
+        start = 0
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise ApiError(400, f"after: no input item {after!r} in response {rid!r}", param="after")
+            start = ids.index(after) + 1
+        page = items[start:start + limit]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(items)}
 
     @app.delete("/v1/responses/{rid}")
     async def delete_response(rid: str):

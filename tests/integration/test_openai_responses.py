@@ -119,6 +119,19 @@ def test_the_store_retrieves_deletes_and_forgets(client):
     assert client.responses.retrieve(ids[-1]).id == ids[-1]
 
 
+def test_input_items_list_the_responses_own_input_and_paginate(client):
+    given = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Name a color."}]
+    r = client.responses.create(model="tritonllm", input=given, max_output_tokens=4, temperature=0)
+    newest_first = client.responses.input_items.list(r.id)
+    assert [(i.role, i.content[0].text) for i in newest_first.data] == [(m["role"], m["content"])
+                                                                       for m in reversed(given)]
+    paged = list(client.responses.input_items.list(r.id, limit=1, order="asc"))  # the SDK follows `after`
+    assert [i.content[0].text for i in paged] == [m["content"] for m in given]
+    assert len({i.id for i in paged}) == 2
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nope")
+
+
 def test_a_background_response_is_polled_and_cancelled(client):
     r = client.responses.create(model="tritonllm", input="Hi", max_output_tokens=4, background=True)
     assert r.status == "in_progress"
