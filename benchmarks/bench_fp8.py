@@ -38,7 +38,7 @@ def score(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
     vs = [torch.zeros(shape, dtype=kv_dtype) for _ in m.layers]
     pos = torch.arange(T)
     meta = AttentionMeta(pos, None, None, None, [(0, T, pos, pos[None, :] <= pos[:, None])])
-    return m.forward(torch.tensor(ids), pos, meta, ks, vs, pos)
+    return m.forward(torch.tensor(ids), pos, meta, ks, vs, pos)[0]
 
 
 def layer_bytes(engine: LLMEngine) -> int:

@@ -68,9 +68,8 @@ TOP_LOGPROB_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("top_log_prob_ids", "TYPE_INT32", (-1, -1), nvidia=False),
 )
 
-# Not NVIDIA's: an embedding instead of generation (vLLM's pooling types, "last" or "mean"): the engine computes the
-# prompt only and answers once with EMBEDDING_OUTPUT, the pooled final hidden states (engine/pooling.py); the
-# OpenAI server's /v1/embeddings sends it. Batched with generation in the same engine steps.
+# Not NVIDIA's: an embedding, not generation (vLLM's pooling types "last" / "mean"; /v1/embeddings sends it): the
+# engine computes the prompt only and answers once with the pooled final hidden states (engine/pooling.py).
 POOLING_INPUT = Tensor("pooling", "TYPE_STRING", (1,), optional=True, nvidia=False)
 EMBEDDING_OUTPUT = Tensor("embedding", "TYPE_FP32", (-1,), nvidia=False)
 
@@ -271,9 +270,8 @@ BLS_INPUTS: tuple[Tensor, ...] = (
     Tensor("logit_bias_ids", "TYPE_INT32", (-1,), optional=True, nvidia=False),
     Tensor("logit_bias_weights", "TYPE_FP32", (-1,), optional=True, nvidia=False),
 )
-# Not NVIDIA's: the generated token ids that output_log_probs scores, one id per log prob in the same layout
-# ([1, 1, tokens]), sent with every chunk that carries log probs. The client names each log prob's token from
-# its id instead of re-tokenizing the text (which a stop string's cut, or a BPE merge across chunks, defeats).
+# Not NVIDIA's: the ids of the tokens output_log_probs scores, one per log prob, same layout, on every chunk with
+# log probs: the client names each token from its id, not by re-tokenizing (a stop string's cut defeats that).
 LOGPROB_TOKEN_IDS = Tensor("output_token_ids", "TYPE_INT32", (-1, -1), nvidia=False)
 BLS_OUTPUTS: tuple[Tensor, ...] = (*TEXT_OUTPUTS, LOGPROB_TOKEN_IDS, *TOP_LOGPROB_OUTPUTS, FINISH_REASON_OUTPUT,
                                    *ERROR_OUTPUTS)

@@ -115,7 +115,7 @@ def last_logits(engine, prompt: list[int]) -> torch.Tensor:
             engine.step()
     finally:
         engine.model.forward = forward
-    return seen[0][-1]
+    return seen[0][0][-1]  # forward returns (logits, hidden states)
 
 
 def byte_level_model(path):

@@ -33,6 +33,7 @@ def _run(engine, requests):
     got, generated = {}, {}
     for rid, prompt, params in requests:
         engine.add_request(rid, prompt, params)
+    admitted = {rid: engine.requests[rid] for rid, _, _ in requests}  # engine-side state, kept past the end
     while engine.has_work():
         for out in engine.step():
             generated[out.request_id] = generated.get(out.request_id, 0) + len(out.new_token_ids)
@@ -40,7 +41,7 @@ def _run(engine, requests):
                 assert out.finished and out.finish_reason == "stop" and out.num_prompt_tokens > 0
                 got[out.request_id] = torch.tensor(out.embedding)
     assert engine.pool.num_free == engine.pool.num_blocks  # no KV kept
-    return got, generated
+    return got, generated, admitted
 
 
 @pytest.mark.parametrize("config", [dict(), dict(max_num_tokens=16, enable_chunked_prefill=True),
@@ -52,7 +53,7 @@ def test_pooled_vectors_equal_transformers(checkpoint, hidden, config):
         requests = [("gen", [7, 8, 9], SamplingParams(max_tokens=12, end_id=-1))]
         for i, p in enumerate(PROMPTS):
             requests += [(f"mean{i}", p, SamplingParams(pooling="mean")), (f"last{i}", p, SamplingParams(pooling="last"))]
-        got, generated = _run(engine, requests)
+        got, generated, _ = _run(engine, requests)
         assert generated["gen"] == 12 and all(generated[k] == 0 for k in got)
         for i, p in enumerate(PROMPTS):
             h = hidden[tuple(p)]
@@ -61,13 +62,14 @@ def test_pooled_vectors_equal_transformers(checkpoint, hidden, config):
 
 
 def test_a_preempted_mean_starts_over(checkpoint, hidden):
-    """A KV cache too small for everyone preempts; a mean recomputed from 0 must not count rows twice."""
+    """A KV cache too small for everyone preempts; a mean recomputed from 0 must not count rows twice. The mean is
+    the lowest priority and prefills 4 tokens a step, so the growing generations take its blocks mid-prompt."""
     engine = LLMEngine(checkpoint, EngineConfig(max_kv_tokens=64, block_size=8, cpu_kernels="torch",
-                                                max_num_tokens=16, enable_chunked_prefill=True))
+                                                max_num_tokens=6, enable_chunked_prefill=True))
     requests = [(f"gen{i}", [7 + i, 8, 9], SamplingParams(max_tokens=40, end_id=-1)) for i in range(2)]
-    requests.append(("mean", PROMPTS[0], SamplingParams(pooling="mean")))
-    got, _ = _run(engine, requests)
-    assert engine.num_preemptions > 0
+    requests.append(("mean", PROMPTS[0], SamplingParams(pooling="mean", priority=0.1)))
+    got, _, admitted = _run(engine, requests)
+    assert admitted["mean"].num_preemptions > 0  # the mean itself was preempted and recomputed
     torch.testing.assert_close(got["mean"], hidden[tuple(PROMPTS[0])].mean(0), atol=2e-5, rtol=0)
 
 

@@ -104,6 +104,6 @@ class DraftModel:
     def _forward(self, spans, ids, pos, rows) -> list[int]:
         dev = self.model.device
         meta = attention_meta(spans, self.block_size, dev, self.model.spec.sliding_window)
-        logits = self.model.forward(torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
-                                    self.kv.k, self.kv.v, torch.tensor(rows, dtype=torch.long, device=dev))
+        logits, _ = self.model.forward(torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
+                                       self.kv.k, self.kv.v, torch.tensor(rows, dtype=torch.long, device=dev))
         return logits.argmax(-1).tolist()

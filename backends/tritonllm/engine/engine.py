@@ -227,13 +227,10 @@ class LLMEngine:
             return outputs
         self._count_step(sched)
         sampling, rows, meta, ids, pos, pooled = self._prepare(sched.items)
-        if pooled.rows:
-            logits, hidden = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows, pooled.tensor(ids.device))
-        else:
-            logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows)
+        logits, hidden = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows, pooled.tensor(ids.device))
         speculating = [req for req, _ in sched.items if req.draft]
         self.scheduler.update_from_output(sched.items)
-        for req in pooled.add(hidden if pooled.rows else None):
+        for req in pooled.add(hidden):
             self._drop(req)
             outputs.append(pooled.output(req))
         self.stats.prefix_hit_tokens = self.scheduler.prefix_hits
@@ -270,7 +267,7 @@ class LLMEngine:
         for req in self.scheduler.running:
             p = req.params
             req.draft = []
-            if req.params.pooling or req.num_computed != len(req.token_ids) - 1 or not may_draft(req):
+            if req.num_computed != len(req.token_ids) - 1 or not may_draft(req):
                 continue
             room = min(self.config.max_draft_len, p.max_tokens - req.num_output - 1,
                        self.max_seq_len - len(req.token_ids) - 1)
@@ -337,23 +334,12 @@ class LLMEngine:
                 sampling.append(req)
                 rows.append(start + n - 1)
         meta = attention_meta(spans, self.config.block_size, dev, self.spec.sliding_window)
-        meta.lora = self._lora_segments(adapter_spans, len(ids))
+        meta.lora = self.lora.segments(adapter_spans, len(ids), dev)
         # Drafting requests come last: logits rows are [plain samples..., (k+1) rows per draft...].
         sampling += [req for req, _ in items if req.draft]
         rows += spec_rows
         return (sampling, torch.tensor(rows, dtype=torch.long, device=dev), meta,
                 torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), pooled)
-
-    def _lora_segments(self, spans: dict[int, list[tuple[int, int]]], num_tokens: int) -> list:
-        """(adapter, token rows) per adapter in the step; rows None when one adapter has every token."""
-        segments = []
-        for task_id, parts in spans.items():
-            if len(spans) == 1 and sum(n for _, n in parts) == num_tokens:
-                segments.append((self.lora.adapters[task_id], None))
-            else:
-                rows = torch.cat([torch.arange(s, s + n) for s, n in parts]).to(self.model.device)
-                segments.append((self.lora.adapters[task_id], rows))
-        return segments
 
     def _drop(self, req: Request) -> None:
         """A request leaves the engine (finished or aborted): its KV blocks and drafter blocks are freed."""

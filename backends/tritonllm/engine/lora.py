@@ -120,6 +120,18 @@ class LoraSet:
             known = sorted(self.adapters) or "none"
             raise ValueError(f"lora_task_id {task_id} is not a loaded adapter (loaded: {known})")
 
+    def segments(self, spans: dict[int, list[tuple[int, int]]], num_tokens: int, device: torch.device) -> list:
+        """(adapter, token rows) per adapter in a step, from each adapter's (start, count) spans of the flat batch;
+        rows None when one adapter has every token."""
+        segments = []
+        for task_id, parts in spans.items():
+            if len(spans) == 1 and sum(n for _, n in parts) == num_tokens:
+                segments.append((self.adapters[task_id], None))
+            else:
+                rows = torch.cat([torch.arange(s, s + n) for s, n in parts]).to(device)
+                segments.append((self.adapters[task_id], rows))
+        return segments
+
     @staticmethod
     def apply(out: torch.Tensor, x: torch.Tensor, segments, layer: int, fused: str) -> torch.Tensor:
         """out += LoRA deltas of `fused` in `layer` for each (adapter, rows) segment; rows None = all."""

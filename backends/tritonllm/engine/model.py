@@ -166,8 +166,8 @@ class Transformer:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta,
                 kv_k: list[torch.Tensor], kv_v: list[torch.Tensor],
                 logits_rows: torch.Tensor, hidden_rows: torch.Tensor | None = None):
-        """Runs the new tokens, writes their K/V into the cache, returns fp32 logits of `logits_rows`; with
-        `hidden_rows`, (logits, fp32 final hidden states of those rows after the last norm: what pooling reads)."""
+        """Runs the new tokens, writes their K/V into the cache; returns (fp32 logits of `logits_rows`, fp32 final
+        hidden states of `hidden_rows` after the last norm, what pooling reads, or None without them)."""
         spec, linear = self.spec, self.linear
         h = self.embed_rows(input_ids)
         if self.embed_scale is not None:
@@ -208,7 +208,7 @@ class Transformer:
                 LoraSet.apply(down, act, meta.lora, li, "down")
             h.add_(down)
         if hidden_rows is None:
-            return linear(self._norm(h.index_select(0, logits_rows), self.norm), self.lm_head).float()
+            return linear(self._norm(h.index_select(0, logits_rows), self.norm), self.lm_head).float(), None
         n = logits_rows.numel()
         normed = self._norm(h.index_select(0, torch.cat([logits_rows, hidden_rows])), self.norm)
         logits = linear(normed[:n], self.lm_head).float() if n else normed.new_empty(0, self.spec.vocab_size)

@@ -31,8 +31,9 @@ class Pooled:
         self._spans.append((req, len(self.rows), len(picked)))
         self.rows.extend(picked)
 
-    def tensor(self, device: torch.device) -> torch.Tensor:
-        return torch.tensor(self.rows, dtype=torch.long, device=device)
+    def tensor(self, device: torch.device) -> torch.Tensor | None:
+        """The rows for ``Transformer.forward``'s ``hidden_rows``; None when no request reads any."""
+        return torch.tensor(self.rows, dtype=torch.long, device=device) if self.rows else None
 
     def add(self, hidden: torch.Tensor | None) -> list[Request]:
         """Adds the step's hidden states (rows in ``self.rows`` order); returns the requests now complete (call

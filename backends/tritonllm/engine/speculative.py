@@ -22,8 +22,9 @@ from .sampler import needs_processors, scaled, target_probs
 
 def may_draft(req) -> bool:
     """Whether a request may draft: the verifiers see the raw logits, so only requests without logits
-    processors qualify (``sampler.needs_processors``), and they report no top log-probs."""
-    return not needs_processors(req) and not req.params.top_logprobs
+    processors qualify (``sampler.needs_processors``), and they report no top log-probs; a pooled request
+    (an embedding) never samples."""
+    return not needs_processors(req) and not req.params.top_logprobs and not req.params.pooling
 
 
 def propose_ngram(tokens: list[int], k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:

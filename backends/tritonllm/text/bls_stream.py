@@ -31,8 +31,8 @@ Invariants:
   engine's, one per log prob, also past a stop string's cut as the log probs are), likewise
   ``top_log_probs`` / ``top_log_prob_ids`` (``[1, tokens, k]``, concatenated along the token axis),
   ``num_output_tokens`` summed over the same responses (NVIDIA's per-response count; a non-streamed
-  response with the prompt included counts it too, as NVIDIA's tensorrt_llm does), and the latest ``cum_log_probs`` / ``num_input_tokens`` / perf
-  metrics received since the previous chunk;
+  response with the prompt included counts it too, as NVIDIA's tensorrt_llm does), and the latest
+  ``cum_log_probs`` / ``num_input_tokens`` / perf metrics received since the previous chunk;
 - ``text_output`` is ``[1]`` (``[batch]`` for a unary batch), NVIDIA's flat layout; a chunk carries
   ``batch_index`` when the client batch has several rows and ``sequence_index`` when n > 1;
 - with ``exclude_input_in_output=false`` and no streaming, the text starts with the decoded prompt
