@@ -73,6 +73,10 @@ TOP_LOGPROB_OUTPUTS: tuple[Tensor, ...] = (
 POOLING_INPUT = Tensor("pooling", "TYPE_STRING", (1,), optional=True, nvidia=False)
 EMBEDDING_OUTPUT = Tensor("embedding", "TYPE_FP32", (-1,), nvidia=False)
 
+# Not NVIDIA's on this model (their LLM-API model's name): a PEFT adapter folder under the lora_root parameter, loaded
+# at run time and cached under lora_task_id (engine/lora_loader.py); the BLS passes it on.
+LORA_PATH_INPUT = Tensor("lora_path", "TYPE_STRING", (1,), optional=True, nvidia=False)
+
 # input_ids is optional in NVIDIA's current config only because encoder-decoder models send
 # encoder_input_features instead; the decoder-only engine answers INVALID_ARG when it is missing.
 TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
@@ -111,6 +115,7 @@ TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
     Tensor("ensemble_names", "TYPE_BOOL", (1,), optional=True, reshape=(), nvidia=False),
     *ENGINE_REQUEST_INPUTS,
     POOLING_INPUT,
+    LORA_PATH_INPUT,
 )
 
 # TensorRT-LLM's per-request perf metrics (return_perf_metrics), [1]-shaped outputs.
@@ -267,6 +272,7 @@ TEXT_OUTPUTS: tuple[Tensor, ...] = (
 BLS_INPUTS: tuple[Tensor, ...] = (
     *TEXT_INPUTS,
     *(Tensor(t.name, t.dtype, t.dims, optional=True, nvidia=False) for t in ENGINE_REQUEST_INPUTS),
+    LORA_PATH_INPUT,
     Tensor("logit_bias_ids", "TYPE_INT32", (-1,), optional=True, nvidia=False),
     Tensor("logit_bias_weights", "TYPE_FP32", (-1,), optional=True, nvidia=False),
 )

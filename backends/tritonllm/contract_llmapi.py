@@ -68,6 +68,7 @@ TO_TEXT_INPUTS: dict[str, str] = {
     "sampling_param_frequency_penalty": "frequency_penalty", "sampling_param_presence_penalty": "presence_penalty",
     "sampling_param_seed": "seed", "sampling_param_stop": "stop_words",
     "sampling_param_return_perf_metrics": "return_perf_metrics", "streaming": "stream", "lora_id": "lora_task_id",
+    "lora_path": "lora_path",
 }
 DEFAULT_MAX_TOKENS = 32             # tensorrt_llm.SamplingParams.max_tokens
 DEFAULT_EXCLUDE_INPUT = False       # NVIDIA's helpers.get_sampling_params_from_request default

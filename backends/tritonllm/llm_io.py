@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from . import contract as C
+from .engine.lora_loader import LoraSource
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
 
 # SamplingParams field <- tensorrt_llm scalar input, conversion: one row each (an input not sent keeps the
@@ -218,10 +219,7 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
     nret = _scalar(arrays, "num_return_sequences", 1)
     if not 1 <= nret <= C.MAX_RETURN_SEQUENCES:
         raise InvalidRequest(f"num_return_sequences must be in [1, {C.MAX_RETURN_SEQUENCES}], got {nret}")
-    for name in ("lora_weights", "lora_config"):
-        if arrays.get(name) is not None and arrays[name].size:
-            raise InvalidRequest(f"{name}: in-request LoRA weights are not supported; adapters are loaded from "
-                                 "the model's lora_adapters parameter and chosen with lora_task_id")
+    lora_source = _lora_source(arrays)
     bias = arrays.get("embedding_bias")
     bias = torch.from_numpy(np.array(bias, dtype=np.float32).reshape(-1)) if bias is not None and bias.size else None
     for flag in ("return_context_logits", "return_generation_logits"):
@@ -252,6 +250,7 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
         embedding_bias=bias,
         allotted_time_ms=-(-timeout_us // 1000) if timeout_us > 0 else None,
         pooling=pooling,
+        lora_source=lora_source,
     )
     flags = OutputFlags(log_probs=params.return_log_probs,
                         num_input_tokens=bool(_scalar(arrays, "return_num_input_tokens", False)),
@@ -261,6 +260,18 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
     return ParsedRequest(prompt, params, bool(_scalar(arrays, "streaming", False)),
                          bool(_scalar(arrays, "exclude_input_in_output", default_exclude_input)), flags,
                          num_sequences=int(nret))
+
+
+def _lora_source(arrays: dict[str, np.ndarray]) -> LoraSource | None:
+    """Where a run-time adapter comes from: ``lora_path`` (ours, NVIDIA's LLM-API name) or TensorRT-LLM's
+    ``lora_weights`` + ``lora_config`` (one request's rows; the batch dimension dropped)."""
+    path = _text(arrays, "lora_path") or None
+    tensors = [arrays.get(n) for n in ("lora_weights", "lora_config")]
+    tensors = [None if t is None or t.size == 0 else t.reshape(t.shape[-2:]) if t.ndim == 3 and t.shape[0] == 1
+               else t for t in tensors]
+    if path is None and all(t is None for t in tensors):
+        return None
+    return LoraSource(path, *tensors)
 
 
 def parse_request(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeout_us: int = 0) -> ParsedBatch:

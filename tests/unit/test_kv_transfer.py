@@ -39,7 +39,7 @@ PROMPT = list(range(20, 34))   # 14 tokens, block size 4: blocks 0..2 reusable, 
 def test_prefix_hashes_stop_before_the_last_token():
     assert len(prefix_hashes(PROMPT, 4)) == 3
     assert len(prefix_hashes(PROMPT[:12], 4)) == 2      # 12 tokens: the 3rd block holds the last token
-    assert prefix_hashes(PROMPT, 4, lora_task_id=1) != prefix_hashes(PROMPT, 4)
+    assert prefix_hashes(PROMPT, 4, root=1) != prefix_hashes(PROMPT, 4)
 
 
 def test_prefill_then_decode_on_another_engine_matches_hf(ckpt):

@@ -145,8 +145,12 @@ def test_speculative_modes_and_lora_inputs():
     assert _one().params.lora_task_id is None
     with pytest.raises(InvalidRequest, match="lora_task_id must be uint64"):
         parse_request(_req(lora_task_id=np.array([[3]], np.int32)), True)
-    with pytest.raises(InvalidRequest, match="lora_weights: in-request LoRA weights are not supported"):
-        parse_request(_req(lora_weights=np.ones((1, 2, 4), np.float16)), True)
+    src = _one(lora_weights=np.ones((1, 2, 4), np.float16), lora_config=np.ones((1, 2, 3), np.int32)).params.lora_source
+    assert src.path is None and src.weights.shape == (2, 4) and src.config.shape == (2, 3)  # batch dim dropped
+    assert _one(lora_path=np.array([[b"sql/v2"]], object)).params.lora_source.path == "sql/v2"
+    assert _one().params.lora_source is None
+    with pytest.raises(InvalidRequest, match="lora_weights must be float16"):
+        parse_request(_req(lora_weights=np.ones((1, 2, 4), np.float32)), True)
 
 
 def _non_default(t) -> np.ndarray:
@@ -165,6 +169,8 @@ def _non_default(t) -> np.ndarray:
         return np.array([[b"{}"]], object)
     if t.name == "pooling":
         return np.array([[b"mean"]], object)
+    if t.name == "lora_path":
+        return np.array([[b"adapters/sql"]], object)
     value = {"TYPE_BOOL": True, "TYPE_FP32": 0.37, "TYPE_INT32": 3, "TYPE_UINT64": 3}[t.dtype]
     return np.full((1,) + tuple(max(d, 1) for d in t.dims), value, dtype=C.numpy_dtype(t.dtype))
 

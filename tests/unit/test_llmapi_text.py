@@ -52,8 +52,9 @@ def test_inputs_map_to_the_ensembles_and_defaults_are_nvidias():
         "temperature": [[0.5]], "top_k": [[3]], "seed": [[7]], "lora_task_id": [[1]]}
     inner = B.llm_inputs(req, {"INPUT_ID": np.array([[5]]), "REQUEST_INPUT_LEN": np.array([[1]])})
     assert inner["runtime_top_k"].tolist() == [[3]] and inner["temperature"].tolist() == [[0.5]]
-    # every mapped name is an input of the ensemble / BLS contract and of the LLM-API contract
-    assert set(L.TO_TEXT_INPUTS.values()) <= {t.name for t in C.TEXT_INPUTS}
+    assert inner["lora_task_id"].tolist() == [[1]] and inner["lora_path"].reshape(-1).tolist() == [b"/nowhere"]
+    # every mapped name is an input of the BLS contract (the engine confines lora_path) and of the LLM-API contract
+    assert set(L.TO_TEXT_INPUTS.values()) <= {t.name for t in C.BLS_INPUTS}
     assert set(L.TO_TEXT_INPUTS) <= {t.name for t in L.LLMAPI_INPUTS}
     assert not LT.parse(_req(sampling_param_exclude_input_from_output=True)).echo_prompt
 

@@ -128,7 +128,7 @@ def test_relative_path_parameters_cannot_escape_the_repository(tmp_path):
             resolve_param_path(value, model_dir, name="gpt_model_path", confine=repo)
 
 
-PATHLIKE = ("_path", "_dir", "_file", "lora_adapters")
+PATHLIKE = ("_path", "_dir", "_file", "lora_adapters", "lora_root")
 CONFINING = {"model_path_param", "model_path_value", "resolve_param_path", "resolve_path", "_repo_path"}
 # Read without confinement, and why that is safe: a bare file name, separators refused (tested in test_classical_*).
 BARE_NAMES = {("backends/tritonllm/classical/settings.py", "model_file")}

@@ -50,6 +50,8 @@ class EngineConfig:
     kv_cache_dtype: str = default("kv_cache_dtype")
     cpu_kernels: str = default("cpu_kernels")
     lora_adapters: dict[int, str] = field(default_factory=dict)  # lora_task_id -> PEFT adapter folder
+    max_loras: int = default("max_loras")
+    lora_root: str | None = None  # the lora_root parameter, resolved: requests' lora_path folders live under it
 
     def __post_init__(self) -> None:
         for name, knob in BY_FIELD.items():
@@ -74,4 +76,6 @@ def engine_config_from_parameters(p: dict[str, str], resolve_path: Callable[[str
     config = EngineConfig(**fields)
     if resolve_path is not None and values["speculative_decoding_mode"] in DRAFT_MODEL_MODES:
         config.draft_model_path = resolve_path("draft_model_path", p.get("draft_model_path", ""))
+    if resolve_path is not None and values["lora_root"]:
+        config.lora_root = resolve_path("lora_root", values["lora_root"])
     return config, values["exclude_input_in_output"]

@@ -18,7 +18,8 @@ from .kv_cache import BlockPool, KVCache, kv_layout
 from .kv_manager import KVCacheManager
 from .kv_transfer import KVPrefix, export_prefix, import_prefix
 from .loader import load_model
-from .lora import LoraSet
+from .lora import LoraAdapter, LoraSet
+from .lora_loader import LoraLoader
 from .batch_layout import attention_meta
 from .model import Transformer
 from .pooling import Pooled
@@ -54,7 +55,9 @@ class LLMEngine:
                                          activation_quantization=self.config.activation_quantization)
         spec = self.model.spec
         self.spec = spec
-        self.lora = LoraSet.load(self.config.lora_adapters, spec, self.model.device, self.model.dtype)
+        self.lora = LoraSet.load(self.config.lora_adapters, spec, self.model.device, self.model.dtype,
+                                 self.config.max_loras)
+        self.lora_loader = LoraLoader(spec, self.config.lora_root)
         self.max_seq_len = min(self.config.max_seq_len or spec.max_position_embeddings,
                                spec.max_position_embeddings)
         self.max_input_len = min(self.config.max_input_len or self.max_seq_len, self.max_seq_len)
@@ -120,10 +123,13 @@ class LLMEngine:
                                  "and chunked context is disabled")
         if params.end_id is not None and not (params.end_id == -1 or 0 <= params.end_id < V):
             raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary")
-        try:
-            self.lora.validate(params.lora_task_id)
-        except ValueError as e:
-            raise InvalidRequest(str(e)) from None
+        if params.lora_source is not None and params.lora_task_id not in self.lora.pinned:
+            self.lora_loader.check(params.lora_task_id, params.lora_source)
+        else:
+            try:
+                self.lora.validate(params.lora_task_id)
+            except ValueError as e:
+                raise InvalidRequest(str(e)) from None
         for name, words in (("stop_words", params.stop_words), ("bad_words", params.bad_words)):
             for w in words:
                 if not w or any(not 0 <= t < V for t in w):
@@ -143,6 +149,33 @@ class LLMEngine:
                                                cache_bytes=c.guide_cache_bytes, max_guide_bytes=c.guide_max_bytes)
         return self._grammar.compile_async(*params.guide)
 
+    def lora_future(self, params: SamplingParams) -> Future | None:
+        """The request's run-time adapter loading (a Future of a LoraAdapter), or None when it names none or its id
+        is a fixed adapter (``lora_adapters``: it serves, whatever the path says, as TensorRT-LLM serves a cached id).
+        Answered at once by the adapter serving the id: for in-request weights always (TensorRT-LLM ignores weights
+        sent again for a cached id), for a path when it came from that path (another path replaces it). Any thread."""
+        source = params.lora_source
+        if source is None or params.lora_task_id in self.lora.pinned:
+            return None
+        if self.config.max_loras < 1:
+            raise InvalidRequest("lora_path / lora_weights: this engine loads no adapters at run time (max_loras 0)")
+        label = self.lora_loader.check(params.lora_task_id, source)
+        current = self.lora.get(params.lora_task_id)  # a read from another thread: at worst a needless load
+        if current is not None and (source.path is None or current.source == label):
+            done: Future = Future()
+            done.set_result(current)
+            return done
+        return self.lora_loader.submit(params.lora_task_id, source)
+
+    def install_lora(self, adapter: LoraAdapter) -> None:
+        """Makes a run-time adapter servable (engine thread): ValueError on an id conflict, QueueFull when every
+        max_loras slot serves requests in flight."""
+        busy = {r.params.lora_task_id for r in self.requests.values()}
+        try:
+            self.lora.install(adapter, busy, self.model.device, self.model.dtype)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
+
     def compile_guide(self, params: SamplingParams):
         """The request's compiled grammar (waits for it); raises InvalidRequest if it does not compile."""
         future = self.guide_future(params)
@@ -160,6 +193,11 @@ class LLMEngine:
         gen = torch.Generator(device=self.model.device)
         gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         req = Request(request_id, list(prompt_ids), params, self.scheduler.clock(), generator=gen)
+        try:
+            req.lora_root = self.lora.root(params.lora_task_id)
+        except ValueError as e:  # evicted between its load and its admission (or never loaded)
+            raise InvalidRequest(str(e)) from None
+        self.lora.touch(params.lora_task_id)
         if params.embedding_bias is not None:
             req.embedding_bias = device_bias(params.embedding_bias, self.spec.vocab_size, self.model.device)
         if compiled is not None:
@@ -198,10 +236,10 @@ class LLMEngine:
 
     # ---- KV across engines (Dynamo's disaggregation and router); engine thread only -------------------
     def export_prefix(self, prompt_ids: list[int], lora_task_id: int | None = None) -> KVPrefix:
-        return export_prefix(self.kv_manager, self.kv, prompt_ids, lora_task_id)
+        return export_prefix(self.kv_manager, self.kv, prompt_ids, self.lora.root(lora_task_id))
 
     def import_prefix(self, prompt_ids: list[int], prefix: KVPrefix, lora_task_id: int | None = None) -> int:
-        return import_prefix(self.kv_manager, self.kv, prompt_ids, prefix, lora_task_id)
+        return import_prefix(self.kv_manager, self.kv, prompt_ids, prefix, self.lora.root(lora_task_id))
 
     # ---- one iteration ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

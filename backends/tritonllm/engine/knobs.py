@@ -125,6 +125,12 @@ KNOBS: tuple[Knob, ...] = (
          "a guide not compiled by then fails its request; other requests never wait for a compile", above=0.0),
     Knob("guided_decoding_cache_bytes", "guide_cache_bytes", int, 64 * 1024 * 1024,
          "compiled guides kept (xgrammar's cache, least recently used evicted first)", minimum=0),
+    Knob("max_loras", "max_loras", int, 8,
+         "LoRA adapters loaded at run time (a request's lora_path or lora_weights) kept at once; the least recently "
+         "used idle one is evicted first (lora_adapters are kept apart, always)", minimum=0),
+    Knob("lora_root", None, str, "",
+         "folder a request's lora_path is opened under (relative paths; nothing outside it, symlinks included); "
+         "unset: adapters by path are refused", ),
     Knob("exclude_input_in_output", None, bool, True, "default of the request input of the same name"),
     Knob("stream_coalescing", None, bool, False,
          "streamed deltas that queue while sending lags merge into one response (fewer, larger deltas)"),

@@ -34,26 +34,19 @@ def block_hash(parent: int | None, tokens) -> int:
     return int.from_bytes(hashlib.blake2b(prefix + data, digest_size=16).digest(), "little")
 
 
-def adapter_root(task_id: int | None) -> int | None:
-    """The parent hash of a request's first block: None for the base model, a per-adapter value for LoRA
-    requests, whose KV differs from the base model's for the same tokens."""
-    if task_id is None:
-        return None
-    data = b"lora:" + int(task_id).to_bytes(8, "little")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "little")
-
-
-def iter_prefix_hashes(token_ids, block_size: int, lora_task_id: int | None = None):
+def iter_prefix_hashes(token_ids, block_size: int, root: int | None = None):
     """Chained hashes of the blocks a prefix match may reuse, lazily (a caller that stops at the first miss
-    hashes no further): every full block except the one holding the last token, whose logits are needed."""
-    parent = adapter_root(lora_task_id)
+    hashes no further): every full block except the one holding the last token, whose logits are needed.
+    ``root``: the parent of the first block, None for the base model, the LoRA adapter's ``root`` for its
+    requests (whose KV differs from the base model's for the same tokens)."""
+    parent = root
     for i in range((len(token_ids) - 1) // block_size):
         parent = block_hash(parent, token_ids[i * block_size:(i + 1) * block_size])
         yield parent
 
 
-def prefix_hashes(token_ids, block_size: int, lora_task_id: int | None = None) -> list[int]:
-    return list(iter_prefix_hashes(token_ids, block_size, lora_task_id))
+def prefix_hashes(token_ids, block_size: int, root: int | None = None) -> list[int]:
+    return list(iter_prefix_hashes(token_ids, block_size, root))
 
 
 class BlockPool:

@@ -6,7 +6,7 @@ load figures (``num_free`` / ``num_blocks`` / ``alloc_counts``).
 Invariants:
 - a block list it extends (``Request.block_table``, or a drafter's list) holds exactly the blocks it handed
   out, each counted once in the pool's reference counts; ``free`` gives every one back;
-- ``Request.block_hashes[i]`` is the chained hash (``kv_cache.block_hash``, rooted per LoRA adapter) of block
+- ``Request.block_hashes[i]`` is the chained hash (``kv_cache.block_hash``, rooted at ``Request.lora_root``) of block
   i, recorded only once block i is full and computed, and then published in the prefix cache;
 - a prefix match shares whole cached blocks only (ref count + 1 each) and always leaves at least the last
   prompt token to compute, because its logits are needed.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .kv_cache import BlockPool, NoFreeBlocks, adapter_root, block_hash, iter_prefix_hashes
+from .kv_cache import BlockPool, NoFreeBlocks, block_hash, iter_prefix_hashes
 from .request import Request
 
 
@@ -60,7 +60,7 @@ class KVCacheManager:
     def match_prefix(self, req: Request) -> int:
         """Points a fresh request at the cached blocks of its longest cached prefix; returns the tokens
         reused (a multiple of the block size)."""
-        for h in iter_prefix_hashes(req.token_ids, self.block_size, req.params.lora_task_id):
+        for h in iter_prefix_hashes(req.token_ids, self.block_size, req.lora_root):
             b = self.pool.lookup(h)
             if b is None:
                 break
@@ -76,16 +76,16 @@ class KVCacheManager:
         bs = self.block_size
         while len(req.block_hashes) < req.num_computed // bs:
             i = len(req.block_hashes)
-            parent = req.block_hashes[-1] if i else adapter_root(req.params.lora_task_id)
+            parent = req.block_hashes[-1] if i else req.lora_root
             tokens = req.token_ids[i * bs:(i + 1) * bs]
             h = block_hash(parent, tokens)
             self.pool.register(req.block_table[i], h, parent, tokens)
             req.block_hashes.append(h)
 
-    def cached_prefix(self, prompt_ids: list[int], lora_task_id: int | None = None) -> list[tuple[int, int]]:
+    def cached_prefix(self, prompt_ids: list[int], root: int | None = None) -> list[tuple[int, int]]:
         """(hash, block) of the longest cached run of the prompt's reusable blocks, without taking them."""
         run = []
-        for h in iter_prefix_hashes(prompt_ids, self.block_size, lora_task_id):
+        for h in iter_prefix_hashes(prompt_ids, self.block_size, root):
             b = self.pool.lookup(h)
             if b is None:
                 break

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import KVCache, adapter_root, prefix_hashes
+from .kv_cache import KVCache, prefix_hashes
 from .kv_manager import KVCacheManager
 
 
@@ -50,9 +50,9 @@ def _slots(blocks: list[int], block_size: int, device) -> torch.Tensor:
 
 
 def export_prefix(manager: KVCacheManager, kv: KVCache, prompt_ids: list[int],
-                  lora_task_id: int | None = None) -> KVPrefix:
+                  root: int | None = None) -> KVPrefix:
     """Copies the longest cached run of the prompt's reusable blocks (possibly none)."""
-    run = manager.cached_prefix(prompt_ids, lora_task_id)
+    run = manager.cached_prefix(prompt_ids, root)
     hashes, blocks = [h for h, _ in run], [b for _, b in run]
     shape, dtype = layout(kv, len(blocks))
     if not blocks:
@@ -63,7 +63,7 @@ def export_prefix(manager: KVCacheManager, kv: KVCache, prompt_ids: list[int],
 
 
 def import_prefix(manager: KVCacheManager, kv: KVCache, prompt_ids: list[int], prefix: KVPrefix,
-                  lora_task_id: int | None = None) -> int:
+                  root: int | None = None) -> int:
     """Writes the prefix's blocks into free blocks of this cache and publishes them; returns blocks written.
 
     Stops at the first hash that does not match this prompt's own chain (another prompt's KV is never
@@ -74,8 +74,8 @@ def import_prefix(manager: KVCacheManager, kv: KVCache, prompt_ids: list[int], p
         raise ValueError(f"KV layout {tuple(prefix.data.shape)} {prefix.data.dtype} does not match this engine's "
                          f"{shape} {dtype}")
     bs = kv.block_size
-    expected = prefix_hashes(prompt_ids, bs, lora_task_id)
-    written, parent, room = 0, adapter_root(lora_task_id), manager.num_free
+    expected = prefix_hashes(prompt_ids, bs, root)
+    written, parent, room = 0, root, manager.num_free
     for i, h in enumerate(prefix.hashes):
         if i >= len(expected) or expected[i] != h:
             break

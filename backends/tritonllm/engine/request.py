@@ -43,6 +43,9 @@ class SamplingParams:
     return_log_probs: bool = False
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     lora_task_id: int | None = None       # a loaded LoRA adapter; None = the base model
+    # where to load the lora_task_id adapter from when not loaded (engine/lora_loader.LoraSource): a path under
+    # lora_root or NVIDIA's in-request tensors
+    lora_source: object | None = field(default=None, compare=False)
     # Added to the raw logits first each step; shorter than the vocabulary = zero-padded (TensorRT-LLM's
     # embeddingBias). -inf bans a token.
     embedding_bias: torch.Tensor | None = field(default=None, compare=False)  # tensors have no plain ==
@@ -169,6 +172,7 @@ class Request:
     embedding_bias: torch.Tensor | None = None  # params.embedding_bias, fp32, vocab-wide, on the model's device
     pool_sum: torch.Tensor | None = None  # params.pooling: the pooled hidden states of the prompt computed so far
     pool_count: int = 0
+    lora_root: int | None = None  # the KV hash root of the request's LoRA adapter (LoraAdapter.root); None = base
 
     def __post_init__(self) -> None:
         if not self.token_ids:

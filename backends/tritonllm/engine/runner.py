@@ -5,11 +5,12 @@ thread (so bad input fails at once) and is refused with QueueFull when more than
 max_num_seqs + max_queue_size requests are unfinished; every submitted request gets exactly one final
 output (finished=True), also on abort, engine error, or shutdown.
 
-Guided requests: submit() starts the guide compiling on the grammar thread (engine.guide_future) and returns;
-the request waits aside (``_compiling``) until its grammar is ready, then enters the engine, so no other request
-ever waits for a compile. One not ready ``guide_compile_timeout_s`` after submission ends with an INVALID_ARG error
-naming the guide; a guide that does not compile too. The loop sleeps until a compile finishes or a deadline
-passes (no polling).
+Guided requests and run-time LoRA adapters: submit() starts the guide compiling on the grammar thread
+(engine.guide_future) and the adapter loading on the loader thread (engine.lora_future), and returns; the request
+waits aside (``_compiling``) until both are ready, then enters the engine (its adapter installed first), so no
+other request ever waits for a compile or a load. A guide not ready ``guide_compile_timeout_s`` after submission
+ends the request with an INVALID_ARG error naming the guide; a guide that does not compile, or an adapter that does
+not load, too. The loop sleeps until one finishes or a deadline passes (no polling).
 
 Build the engine on the runner thread (``EngineRunner.launch``) when it serves: torch's CPU kernels run in GNU
 OpenMP teams, one per thread that starts parallel work, and libgomp cuts its barrier spinning to ~100 iterations
@@ -46,7 +47,8 @@ class EngineRunner:
         self._stop = False
         self._thread = _thread or threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self.capacity = engine.config.max_num_seqs + engine.config.max_queue_size
-        self._compiling: dict[str, tuple[Future, list[int], SamplingParams, float]] = {}  # runner thread only
+        # request id -> (guide future, adapter future, prompt, params, guide deadline); runner thread only
+        self._compiling: dict[str, tuple[Future | None, Future | None, list[int], SamplingParams, float]] = {}
 
     def start(self) -> "EngineRunner":
         self._thread.start()
@@ -78,18 +80,19 @@ class EngineRunner:
         """Admits every request or none (a client's batch is one unit, as TensorRT-LLM enqueues it)."""
         for _, prompt_ids, params in requests:
             self.engine.validate(prompt_ids, params)
-        futures = [self.engine.guide_future(params) for _, _, params in requests]  # refused guides raise here
+        futures = [(self.engine.guide_future(params), self.engine.lora_future(params))  # refusals raise here
+                   for _, _, params in requests]
         deadline = time.monotonic() + self.engine.config.guide_compile_timeout_s
         with self._cv:
             if self._stop:
                 raise QueueFull("the engine is shutting down")
             admit(self._unfinished, [rid for rid, _, _ in requests], self.capacity,
                   self.engine.config.max_queue_size, self.engine.config.max_num_seqs)
-            for (request_id, prompt_ids, params), future in zip(requests, futures):
+            for (request_id, prompt_ids, params), (guide, lora) in zip(requests, futures):
                 self._unfinished.add(request_id)
-                self._inbox.append(("add", request_id, prompt_ids, params, future, deadline))
+                self._inbox.append(("add", request_id, prompt_ids, params, guide, lora, deadline))
             self._cv.notify()
-        for future in futures:
+        for future in (f for pair in futures for f in pair):
             if future is not None and not future.done():
                 future.add_done_callback(self._wake)
 
@@ -171,14 +174,18 @@ class EngineRunner:
                 self._emit(out)
 
     # Guided requests wait here, out of the engine, while their grammar compiles.
+    @staticmethod
+    def _done(guide: Future | None, lora: Future | None) -> bool:
+        return (guide is None or guide.done()) and (lora is None or lora.done())
+
     def _ready(self) -> bool:
         now = time.monotonic()
-        return any(f.done() or now >= deadline for f, _, _, deadline in self._compiling.values())
+        return any(self._done(g, lo) or (g is not None and not g.done() and now >= deadline)
+                   for g, lo, _, _, deadline in self._compiling.values())
 
     def _next_deadline(self) -> float | None:
-        if not self._compiling:
-            return None
-        return max(0.0, min(d for _, _, _, d in self._compiling.values()) - time.monotonic())
+        pending = [d for g, _, _, _, d in self._compiling.values() if g is not None and not g.done()]
+        return max(0.0, min(pending) - time.monotonic()) if pending else None
 
     def _end_compiling(self, rid: str, reason: str, error: str | None = None) -> RequestOutput:
         del self._compiling[rid]
@@ -186,29 +193,35 @@ class EngineRunner:
 
     def _admit_compiled(self) -> None:
         now = time.monotonic()
-        for rid, (future, prompt, params, deadline) in list(self._compiling.items()):
-            if future.done():
+        for rid, (guide, lora, prompt, params, deadline) in list(self._compiling.items()):
+            if self._done(guide, lora):
                 del self._compiling[rid]
-                self._add(rid, prompt, params, future)
-            elif now >= deadline:
+                self._add(rid, prompt, params, guide, lora)
+            elif guide is not None and not guide.done() and now >= deadline:
                 self._emit(self._end_compiling(rid, "error", (
                     f"guided_decoding_guide did not compile within {self.engine.config.guide_compile_timeout_s:g} s "
                     "(guided_decoding_compile_timeout_s): simplify it (fewer properties, alternatives, nesting)")))
 
-    def _add(self, rid: str, prompt: list[int], params: SamplingParams, future: Future | None) -> None:
+    def _add(self, rid: str, prompt: list[int], params: SamplingParams, guide: Future | None,
+             lora: Future | None) -> None:
         try:
-            self.engine.add_request(rid, prompt, params, compiled=None if future is None else future.result())
+            if lora is not None:
+                self.engine.install_lora(lora.result())
+            self.engine.add_request(rid, prompt, params, compiled=None if guide is None else guide.result())
         except Exception as e:
-            code = "INVALID_ARG" if isinstance(e, InvalidInput) else "INTERNAL"
+            code = ("INVALID_ARG" if isinstance(e, InvalidInput) else "UNAVAILABLE" if isinstance(e, QueueFull)
+                    else "INTERNAL")
+            if code == "INTERNAL":
+                log.error("request %s failed to enter the engine: %s", rid, traceback.format_exc())
             self._emit(RequestOutput(rid, [], [], True, "error", error=str(e), error_code=code))
 
     def _apply(self, cmd) -> None:
         if cmd[0] == "add":
-            _, rid, prompt, params, future, deadline = cmd
-            if future is not None and not future.done():
-                self._compiling[rid] = (future, prompt, params, deadline)
+            _, rid, prompt, params, guide, lora, deadline = cmd
+            if not self._done(guide, lora):
+                self._compiling[rid] = (guide, lora, prompt, params, deadline)
             else:
-                self._add(rid, prompt, params, future)
+                self._add(rid, prompt, params, guide, lora)
         elif cmd[0] == "abort":
             if cmd[1] in self._compiling:
                 self._emit(self._end_compiling(cmd[1], "abort"))

@@ -77,8 +77,8 @@ LLM_MAP: dict[str, tuple[str, str]] = {
     dst: ("preprocessing", _PRE_OUT[src]) if src in _PRE_OUT else ("client", src)
     for dst, src in _LLM_STEP[1].items()}
 # num_return_sequences is in NVIDIA's wiring (their BLS drops it; ours forwards it, and the ensemble does);
-# the engine's request options (top_logprobs, priority) are not, and go through under the same names.
-LLM_MAP.update({t.name: ("client", t.name) for t in C.ENGINE_REQUEST_INPUTS})
+# the engine's request options (top_logprobs, priority) and lora_path are not, and go through under the same names.
+LLM_MAP.update({t.name: ("client", t.name) for t in (*C.ENGINE_REQUEST_INPUTS, C.LORA_PATH_INPUT)})
 # Inputs set here whatever the client says (see module docstring).
 _LLM_FORCED = {"exclude_input_in_output": np.array([[True]])}
 

@@ -17,10 +17,11 @@ Semantics, as NVIDIA's ``llmapi/tensorrt_llm/1/model.py`` gives them (read from 
   log probs and sends "None"; we ask the engine when it is requested).
 - ``stop`` with the request id of running requests cancels them: each answers CANCELLED, and so does
   the stop request itself ("Request cancelled by client").
-- ``lora_id`` / ``lora_name`` / ``lora_path`` come together or not at all; ``lora_id`` selects a
-  LoRA adapter the engine loaded at start (deployment.yaml ``lora_adapters``). NVIDIA's model loads
-  ``lora_path`` from the server's disk; here it is an opaque label, never opened or even checked for
-  existence (a client must not probe the server's file system: docs/security.md).
+- ``lora_id`` / ``lora_name`` / ``lora_path`` come together or not at all, as NVIDIA's model takes them
+  (a ``LoRARequest``): ``lora_id`` becomes ``lora_task_id`` and ``lora_path`` goes to the engine, which loads
+  the PEFT folder from under its ``lora_root`` parameter and caches it under the id (engine/lora_loader.py:
+  confined there, never opened here); an id of a fixed adapter (deployment.yaml ``lora_adapters``) serves
+  that adapter. ``lora_name`` is a label; ``lora_ckpt_source`` "nemo" is refused (PEFT folders only).
 """
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ def to_bls_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         source = _scalar(arrays, "lora_ckpt_source")
         if source is not None and _text(source, "lora_ckpt_source") not in L.LORA_CKPT_SOURCES:
             raise InvalidInput(f"lora_ckpt_source must be one of {', '.join(L.LORA_CKPT_SOURCES)}")
+        if source is not None and _text(source, "lora_ckpt_source") != "hf":
+            raise InvalidInput("lora_ckpt_source nemo: this server loads PEFT (hf) adapter folders only")
     out = {"text_input": query.reshape(-1)[:1].astype(object).reshape(1, 1),
            "max_tokens": np.array([[L.DEFAULT_MAX_TOKENS]], dtype=np.int32)}
     for ours, text_name in L.TO_TEXT_INPUTS.items():
