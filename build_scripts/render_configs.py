@@ -165,14 +165,13 @@ def check_adapters(params: dict, repo: Path) -> None:
     folders = {tid: p for tid, p in folders.items() if p.is_dir()}
     if not folders or not checkpoint.exists():
         return
-    import torch
     from tritonllm.engine.loader import read_spec
     from tritonllm.engine.lora import LoraAdapter, LoraError
 
     spec = read_spec(str(checkpoint))
     for tid, folder in sorted(folders.items()):
         try:
-            LoraAdapter(int(tid), str(folder), spec, torch.device("cpu"), torch.float32)
+            LoraAdapter.from_peft(int(tid), str(folder), spec)
         except LoraError as e:
             raise DeploymentError(
                 f"deployment.yaml: models.tensorrt_llm.parameters.lora_adapters[{tid}] ({adapters[tid]}) does not "

@@ -129,6 +129,7 @@ class GenerationParams:
     guided_decoding_guide_type: str | None = None  # json, json_schema, regex, ebnf_grammar
     guided_decoding_guide: str | None = None
     lora_task_id: int | None = None  # a LoRA adapter loaded by tensorrt_llm (its lora_adapters parameter)
+    lora_path: str | None = None  # ... or loaded by it at run time from this folder under its lora_root
     num_return_sequences: int | None = None  # n sequences, told apart by Chunk.sequence_index
     # Ours (tensorrt_llm_bls only, not NVIDIA's ensemble): alternatives per token, priority in [0, 1],
     # OpenAI's logit_bias by token id.
@@ -152,7 +153,7 @@ class GenerationParams:
         for name, words in (("stop_words", self.stop_words), ("bad_words", self.bad_words)):
             if words:
                 out[name] = (np.array([[w.encode("utf-8") for w in words]], dtype=object), "BYTES")
-        for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+        for name in ("guided_decoding_guide_type", "guided_decoding_guide", "lora_path"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = (np.array([[value.encode("utf-8")]], dtype=object), "BYTES")

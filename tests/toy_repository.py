@@ -24,6 +24,7 @@ def toy_deployment() -> dict:
     dep = load_deployment(ROOT / "deployment.yaml")
     dep["llm"]["gpt_model_path"] = dep["llm"]["tokenizer_dir"] = str(DEMO)  # absolute: kept as is by the renderer
     dep["models"]["tensorrt_llm"]["parameters"]["lora_adapters"] = {1: str(DEMO_LORA)}
+    dep["models"]["tensorrt_llm"]["parameters"]["lora_root"] = str(DEMO_LORA.parent)  # lora_path "python" is it
     dep.setdefault("profiles", {})["int4"] = {"model": str(DEMO_INT4), "tokenizer": str(DEMO)}
     return dep
 

@@ -40,6 +40,10 @@ def main(argv=None) -> int:
                    default=(os.environ.get("OPENAI_LORA_MODULES") or "").split(),
                    help="serve LoRA adapters of tensorrt_llm (its lora_adapters parameter) as model names, "
                         "e.g. python=1")
+    p.add_argument("--enable-lora-loading", action="store_true",
+                   default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                   help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's; paths are folders under "
+                        "tensorrt_llm's lora_root parameter)")
     p.add_argument("--api-key", default=os.environ.get("TRITONLLM_API_KEY") or None,
                    help="require 'Authorization: Bearer <key>' on /v1 routes (env TRITONLLM_API_KEY)")
     p.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS),
@@ -73,6 +77,7 @@ def main(argv=None) -> int:
     app = create_app(Settings(triton_url=args.triton_url, model=args.model, fallback=args.fallback or None,
                               tokenizer_dir=tokenizer_dir, served_model_name=args.served_model_name,
                               default_max_tokens=args.default_max_tokens, lora_modules=lora_modules,
+                              enable_lora_loading=args.enable_lora_loading,
                               api_key=args.api_key, tool_call_parser=args.tool_call_parser,
                               reasoning_parser=args.reasoning_parser, max_request_bytes=args.max_request_bytes,
                               request_body_timeout_s=args.request_body_timeout_s,

@@ -41,6 +41,7 @@ from clients.openai_server.chat_answer import ChatAnswer
 from clients.openai_server.limits import ApiKey, BodyLimits, CancellingStream, ClientGone, unless_disconnected
 from clients.openai_server.tool_calls import PARSERS as TOOL_PARSERS, json_array, named
 from clients.openai_server.embeddings import install_embeddings
+from clients.openai_server.lora_routes import install_lora_routes
 from clients.openai_server.responses_api import install_responses
 from clients.openai_server.triton import TritonText
 from clients.triton_llm import TEXT_MODELS, Chunk, GenerationParams, OutOfRange
@@ -58,6 +59,8 @@ class Settings:
     served_model_name: str = "tritonllm"
     default_max_tokens: int = 256  # chat requests without max_tokens
     lora_modules: dict[str, int] = field(default_factory=dict)  # model name -> lora_task_id (vLLM's idea)
+    lora_paths: dict[str, str] = field(default_factory=dict)  # names loaded at run time -> lora_path (lora_routes)
+    enable_lora_loading: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     api_key: str | None = None  # required as a Bearer token on /v1 routes when set
     health_generate_timeout_s: float = 30.0
     tool_call_parser: str | None = None  # tool_calls.PARSERS: tool_choice "auto" needs one
@@ -207,7 +210,9 @@ def create_app(settings: Settings) -> FastAPI:
         names = [settings.served_model_name] + await triton.ready_models(TEXT_MODELS)
         data = [{"id": n, "object": "model", "created": created, "owned_by": "tritonllm"} for n in names]
         data += [{"id": n, "object": "model", "created": created, "owned_by": "tritonllm",
-                  "parent": settings.served_model_name} for n in settings.lora_modules]
+                  "parent": settings.served_model_name, **({"root": settings.lora_paths[n]}
+                                                           if n in settings.lora_paths else {})}
+                 for n in settings.lora_modules]
         return {"object": "list", "data": data}
 
     @app.post("/v1/completions")
@@ -215,7 +220,7 @@ def create_app(settings: Settings) -> FastAPI:
         model, prompts, n = triton_model(req.model), req.prompts(), req.n
         max_tokens = req.max_tokens or 16
         params = req.generation_params(max_tokens, req.logprobs is not None, req.extra_guide(), req.logprobs or 0)
-        params.lora_task_id = settings.lora_modules.get(req.model)
+        params.lora_task_id, params.lora_path = settings.lora_modules.get(req.model), settings.lora_paths.get(req.model)
         rid = new_id("cmpl")
         if not req.stream:
             results = await unless_disconnected(request, asyncio.gather(
@@ -287,7 +292,7 @@ def create_app(settings: Settings) -> FastAPI:
         prompt = tools.chat_prompt(req.chat_messages(), req.tool_dicts() if mode not in (None, "none") else None)
         max_tokens = req.max_new_tokens() or settings.default_max_tokens
         params = req.generation_params(max_tokens, req.logprobs, req.guide(mode), req.top_logprobs_count())
-        params.lora_task_id = settings.lora_modules.get(req.model)
+        params.lora_task_id, params.lora_path = settings.lora_modules.get(req.model), settings.lora_paths.get(req.model)
         return model, mode, prompt, max_tokens, params
 
     async def chat_whole(req: ChatCompletionRequest, request: Request | None) -> dict:
@@ -357,4 +362,6 @@ def create_app(settings: Settings) -> FastAPI:
 
     install_responses(app, settings, chat_plan, chat_whole, chat_streamed, dict_events)
     install_embeddings(app, settings, triton, tools, triton_model)
+    if settings.enable_lora_loading:
+        install_lora_routes(app, settings, triton)
     return app

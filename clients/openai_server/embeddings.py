@@ -78,12 +78,12 @@ def install_embeddings(app, settings, triton, tools, triton_model) -> None:
             raise ApiError(400, f"{req.model} generates text only: embeddings come from {settings.served_model_name}",
                            param="model")
         prompts = req.prompts(tools.tokenizer)
-        lora = settings.lora_modules.get(req.model)
+        lora = settings.lora_modules.get(req.model), settings.lora_paths.get(req.model)
         gate = asyncio.Semaphore(MAX_IN_FLIGHT)
 
         async def one(ids: list[int]) -> np.ndarray:
             async with gate:
-                return np.asarray(await triton.embed(ids, req.pooling, lora), dtype=np.float32)
+                return np.asarray(await triton.embed(ids, req.pooling, *lora), dtype=np.float32)
 
         vectors = await unless_disconnected(request, asyncio.gather(*(one(p) for p in prompts)))
         size = vectors[0].size

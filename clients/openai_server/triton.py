@@ -215,7 +215,8 @@ class TritonText:
             if not finished:
                 call.cancel()
 
-    async def embed(self, ids: list[int], pooling: str, lora_task_id: int | None = None) -> list[float]:
+    async def embed(self, ids: list[int], pooling: str, lora_task_id: int | None = None,
+                    lora_path: str | None = None) -> list[float]:
         """One prompt's pooled final hidden states from ``tensorrt_llm`` (its ``pooling`` input, ``embedding``
         output: prefill only, batched with generation in the engine)."""
         if not await self._ready(C.TENSORRT_LLM):
@@ -226,6 +227,8 @@ class TritonText:
                   "pooling": np.array([[pooling.encode()]], dtype=object)}
         if lora_task_id is not None:
             inputs["lora_task_id"] = np.array([[lora_task_id]], np.uint64)
+        if lora_path is not None:
+            inputs["lora_path"] = np.array([[lora_path.encode()]], dtype=object)
         request = grpc_request(inputs, [C.EMBEDDING_OUTPUT.name, *ERROR_OUTPUTS],
                                f"emb-{os.getpid()}-{next(self._ids)}", None)
         vector = None

@@ -3,7 +3,8 @@ demo toy's adapter (build_demo_lora.py, trained on Python source) as lora_task_i
 trained for its base model is what the default model cannot give here without training. The adapter's output equals our engine run in-process with the same
 adapter (which tests/unit/test_lora.py proves equal to HF with the adapter merged), differs from the base
 model's, reaches the engine through the ensemble and the BLS, and mixes with base requests in one batch.
-Unknown ids and in-request LoRA weights are INVALID_ARG naming the input."""
+The same adapter loaded at run time by lora_path (under the toy's lora_root) answers the same; unknown ids, paths
+outside lora_root and malformed in-request weights are INVALID_ARG naming the input."""
 from __future__ import annotations
 
 import re
@@ -111,19 +112,48 @@ def test_adapter_through_ensemble_and_bls(toy_server, expected):
     assert texts["ensemble", 1] != texts["ensemble", None]
 
 
-def test_unknown_adapter_and_inline_weights_are_invalid(toy_server, expected):
+def _with(prompt, tid, *extra):
+    return _ids_request(prompt, N, lora_task_id=np.array([[tid]], np.uint64)) + list(extra)
+
+
+def _input(name, value, dtype):
+    t = grpcclient.InferInput(name, list(value.shape), dtype)
+    t.set_data_from_numpy(value)
+    return t
+
+
+def test_adapter_loaded_at_run_time_by_path(toy_server, expected):
+    """lora_path "python" (the toy's lora_root holds it) under a new id: the same tokens as the fixed adapter; then
+    the id alone serves it; a path out of lora_root is refused naming lora_path, before anything is opened."""
     prompt, want = expected
-    _, err = _llm(toy_server, prompt, 987654)
-    assert err is not None and "lora_task_id 987654 is not a loaded adapter (loaded: [1])" in str(err)
-    weights = grpcclient.InferInput("lora_weights", [1, 2, 4], "FP16")
-    weights.set_data_from_numpy(np.ones((1, 2, 4), np.float16))
     s = Stream(toy_server.grpc_url)
     try:
-        _, err = s.run("tensorrt_llm", _ids_request(prompt, N, lora_task_id=np.array([[1]], np.uint64))
-                       + [weights])
+        path = lambda p: _input("lora_path", np.array([[p.encode()]], dtype=object), "BYTES")  # noqa: E731
+        for extra in ((path("python"),), ()):
+            chunks, err = s.run("tensorrt_llm", _with(prompt, 77, *extra))
+            assert err is None and [int(t) for c in chunks for t in c["output_ids"].reshape(-1)] == want[1]
+        for bad in ("../demo", str(DEMO), "/etc"):
+            _, err = s.run("tensorrt_llm", _with(prompt, 78, path(bad)))
+            assert err is not None and "is not a folder inside lora_root" in str(err), bad
     finally:
         s.close()
-    assert err is not None and "lora_weights: in-request LoRA weights are not supported" in str(err)
+
+
+def test_unknown_adapter_and_bad_inline_weights_are_invalid(toy_server, expected):
+    prompt, want = expected
+    _, err = _llm(toy_server, prompt, 987654)
+    assert err is not None and "lora_task_id 987654 is not a loaded adapter (loaded: [1" in str(err)
+    assert "LoRA task 987654 not found in cache. Please send LoRA weights with request" in str(err)
+    weights = _input("lora_weights", np.ones((1, 2, 4), np.float16), "FP16")
+    s = Stream(toy_server.grpc_url)
+    try:
+        _, err = s.run("tensorrt_llm", _with(prompt, 5, weights))
+        assert err is not None and "lora_weights and lora_config come together" in str(err)
+        config = _input("lora_config", np.array([[[1, 0, 8], [9, 0, 8]]], np.int32), "INT32")
+        _, err = s.run("tensorrt_llm", _with(prompt, 5, weights, config))
+        assert err is not None and "lora_config row 0: rank 8 of q_proj needs" in str(err)
+    finally:
+        s.close()
     status, body = http_post(toy_server, "/v2/models/ensemble/generate",
                              dict(text_input=PROMPT_TEXT, max_tokens=4, lora_task_id=5))
     assert status == 400 and "lora_task_id 5 is not a loaded adapter" in body  # INVALID_ARG -> 400

@@ -248,3 +248,37 @@ def test_health_generate_is_503_with_the_reason_when_triton_is_down(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_lora_adapter_loaded_and_unloaded_at_run_time(toy_server):
+    """vLLM's /v1/load_lora_adapter with a folder under the toy's lora_root: the name is a model (listed with parent
+    and root) whose text equals the fixed adapter's; errors in vLLM's words and codes; unloaded, the name is gone."""
+    from types import SimpleNamespace
+
+    from test_llm_pipeline import generate, http_post
+    from toy_repository import DEMO
+
+    def post(path: str, body: dict):
+        status, text = http_post(SimpleNamespace(http_url=url.removeprefix("http://")), path, body)
+        return SimpleNamespace(status_code=status, text=text)
+
+    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(DEMO), "--enable-lora-loading")):
+        load = lambda **body: post("/v1/load_lora_adapter", body)  # noqa: E731
+        r = load(lora_name="py", lora_path="python")
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'py' added successfully."
+        client = sdk_client(url)
+        listed = {m.id: m.model_dump() for m in client.models.list().data}
+        assert listed["py"]["parent"] == "tritonllm" and listed["py"]["root"] == "python"
+        text = client.completions.create(model="py", prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+        direct = generate(toy_server, "tensorrt_llm_bls", text_input=PROMPT, max_tokens=24, lora_task_id=1)
+        assert text == direct["text_output"]
+        r = load(lora_name="py", lora_path="python")
+        assert r.status_code == 400 and "The lora adapter 'py' has already been loaded." in r.text
+        r = load(lora_name="evil", lora_path="../demo")
+        assert r.status_code == 400 and "not a folder inside lora_root" in r.text
+        assert load(lora_name="x").status_code == 400
+        unload = lambda name: post("/v1/unload_lora_adapter", {"lora_name": name})  # noqa: E731
+        assert unload("py").text == "Success: LoRA adapter 'py' removed successfully."
+        r = unload("py")
+        assert r.status_code == 404 and "The lora adapter 'py' cannot be found." in r.text
+        assert "py" not in {m.id for m in client.models.list().data}

@@ -217,3 +217,23 @@ def test_paths_outside_lora_root_are_refused_before_opening(setup):
         assert str(root) not in last.error  # the client's own path, not the server's
     finally:
         s.close()
+
+
+def test_a_load_done_before_its_callback_is_registered_does_not_deadlock(setup):
+    """A load that fails at once (a missing folder) may be done before submit registers its callback, which then
+    runs on the submitting thread: it must not wait for the lock submit holds (it did: a hang)."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from tritonllm.engine.lora_loader import LoraLoader
+
+    base, root, *_ = setup
+    loader = LoraLoader(LLMEngine(base, EngineConfig(block_size=4, max_kv_tokens=64)).spec, str(root))
+    done: Future = Future()
+    done.set_exception(lora_mod.LoraError("gone"))
+    loader._pool = SimpleNamespace(submit=lambda *a, **k: done)
+    got = []
+    t = threading.Thread(target=lambda: got.append(loader.submit(9, LoraSource(path="missing"))), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and got == [done] and not loader._loading

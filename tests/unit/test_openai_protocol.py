@@ -125,7 +125,7 @@ def test_every_client_input_is_the_contracts():
                             presence_penalty=0.1, frequency_penalty=0.1, min_tokens=1, end_id=2, pad_id=0,
                             return_log_probs=True, exclude_input_in_output=False, stop_words=["a"],
                             bad_words=["b"], guided_decoding_guide_type="json", guided_decoding_guide="{}",
-                            lora_task_id=1, num_return_sequences=2, top_logprobs=2, priority=0.7,
+                            lora_task_id=1, lora_path="sql", num_return_sequences=2, top_logprobs=2, priority=0.7,
                             logit_bias={3: 1.0})
     assert all(getattr(full, f.name) not in (None, [], {}) for f in dataclasses.fields(full))
     inputs = C.by_name(C.BLS_INPUTS)

@@ -117,3 +117,34 @@ def test_served_engine_runs_its_barriers_spinning_not_sleeping(llama_ckpt, tmp_p
     """)
     assert two_teams["switches"] >= REGIONS, two_teams  # the probe sees the fault when it is there
     assert served["switches"] < REGIONS // 10, (served, two_teams)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: no OpenMP team to speak of")
+def test_a_run_time_lora_load_starts_no_second_openmp_team(llama_ckpt, tmp_path):
+    """An adapter loaded at run time (lora_path) is read and converted on the loader thread: with numpy only, since
+    a torch op there above the parallel grain (this adapter's matrices are 2048 x 48) would give that thread its own
+    OpenMP team and make every later step's barriers sleep."""
+    from lora_helpers import make_adapter
+
+    make_adapter(llama_ckpt, str(tmp_path / "adapters" / "big"), r=2048, alpha=2048, targets=["q_proj", "up_proj"])
+    served = _run(f"""
+        import threading
+        from tritonllm.engine.config import EngineConfig
+        from tritonllm.engine.engine import LLMEngine
+        from tritonllm.engine.lora_loader import LoraSource
+        from tritonllm.engine.request import SamplingParams
+        from tritonllm.engine.runner import EngineRunner
+        done, errors = threading.Event(), []
+        def on_output(out):
+            if out.finished:
+                errors.append(out.error)
+                done.set()
+        config = EngineConfig(max_kv_tokens=256, lora_root={str(tmp_path / "adapters")!r})
+        runner = EngineRunner.launch(lambda: LLMEngine({llama_ckpt!r}, config), on_output)
+        runner.submit("a", [1, 2], SamplingParams(max_tokens=2, lora_task_id=3, lora_source=LoraSource(path="big")))
+        assert done.wait(60) and errors == [None], errors
+        n = on_runner(runner)
+        runner.shutdown(5)
+        print(json.dumps({{"switches": n}}))
+    """)
+    assert served["switches"] < REGIONS // 10, served

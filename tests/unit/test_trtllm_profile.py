@@ -77,7 +77,7 @@ def test_gpu_tensors_equal_the_default_ones_minus_engine_only_outputs(deployment
     # same tensor mapping as render_configs.tensor_msg, minus our marker input
     drop_in, drop_out = trtllm.left_out(trtllm.settings_with_defaults(deployment["profiles"]["trtllm"]))
     assert list(gpu.input) == [t for t in cpu.input if t.name not in drop_in]
-    ours = {"ensemble_names", C.POOLING_INPUT.name, *(t.name for t in C.ENGINE_REQUEST_INPUTS)}
+    ours = {"ensemble_names", C.POOLING_INPUT.name, C.LORA_PATH_INPUT.name, *(t.name for t in C.ENGINE_REQUEST_INPUTS)}
     assert trtllm.NON_NVIDIA_INPUTS == ours and trtllm.NON_NVIDIA_INPUTS <= drop_in
     assert list(gpu.output) == [t for t in cpu.output if t.name not in drop_out]
     assert not {t.name for t in gpu.output} & {"request_key", "is_final"}

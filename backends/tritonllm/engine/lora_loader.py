@@ -126,12 +126,13 @@ class LoraLoader:
                 return self._pool.submit(from_nvidia, task_id, source.weights, source.config, self.spec)
             key = (task_id, label)
             fut = self._loading.get(key)
-            if fut is None:
-                path = confine(self.root, source.path)
-                fut = self._pool.submit(LoraAdapter.from_peft, task_id, path, self.spec, label)
-                self._loading[key] = fut
-                fut.add_done_callback(lambda _f, key=key: self._forget(key))
-            return fut
+            if fut is not None:
+                return fut
+            fut = self._pool.submit(LoraAdapter.from_peft, task_id, confine(self.root, source.path), self.spec, label)
+            self._loading[key] = fut
+        # outside the lock: a load already done runs the callback here, and it takes the lock
+        fut.add_done_callback(lambda _f, key=key: self._forget(key))
+        return fut
 
     def _forget(self, key) -> None:
         with self._lock:
