@@ -198,6 +198,31 @@ def test_an_id_is_replaced_only_when_idle_and_its_old_kv_is_never_served(setup):
         s.close()
 
 
+def test_an_evicted_or_replaced_adapters_cached_blocks_are_purged(setup):
+    """Its blocks could never be matched again (their chain starts at its root): they leave the prefix cache at
+    once, announced to KV event listeners (Dynamo's router), idle ones first in line for reuse."""
+    base, root, *_ = setup
+    s = Served(base, lora_root=str(root), max_loras=1, enable_prefix_caching=True)
+    events = []
+    s.engine.kv_manager.subscribe(events.append)
+    try:
+        pool = s.engine.kv_manager.pool
+        prompt = random_prompts(1, s.engine.spec.vocab_size, 21, 21, seed=7)[0]
+        assert s.run(prompt)[1].error is None  # the base model's blocks: never purged
+        base_blocks = set(pool._hash_of)
+        mine = []
+        for tid, path in ((5, "all"), (5, "mlp"), (6, "team/qv")):  # a replacement, then an eviction
+            assert s.run(prompt, lora_task_id=tid, lora_source=LoraSource(path=path))[1].error is None
+            mine.append({b for b, r in pool._root_of.items() if r == s.engine.lora.get(tid).root})
+            assert len(mine[-1]) == (len(prompt) + NEW - 1) // 4  # full blocks of prompt and output
+            assert {pool._hash_of[b] for b in mine[-1]} <= {e[1] for e in events if e[0] == "stored"}
+        assert len([e for e in events if e[0] == "removed"]) == len(mine[0]) + len(mine[1])  # (6, qv)'s stay
+        assert set(pool._root_of) == mine[2] and set(pool._hash_of) == base_blocks | mine[2]
+        assert mine[0] == mine[1] == mine[2]  # the purged blocks, idle, were the first taken
+    finally:
+        s.close()
+
+
 def test_paths_outside_lora_root_are_refused_before_opening(setup):
     base, root, _, _, tmp = setup
     (root / "escape").symlink_to(tmp / "secret") if not (root / "escape").exists() else None

@@ -168,13 +168,15 @@ class LLMEngine:
         return self.lora_loader.submit(params.lora_task_id, source)
 
     def install_lora(self, adapter: LoraAdapter) -> None:
-        """Makes a run-time adapter servable (engine thread): ValueError on an id conflict, QueueFull when every
-        max_loras slot serves requests in flight."""
+        """Makes a run-time adapter servable (engine thread): InvalidRequest on an id conflict, QueueFull when every
+        max_loras slot serves requests in flight. The prefix-cache blocks of adapters it replaces or evicts go."""
         busy = {r.params.lora_task_id for r in self.requests.values()}
         try:
-            self.lora.install(adapter, busy, self.model.device, self.model.dtype)
+            left = self.lora.install(adapter, busy, self.model.device, self.model.dtype)
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
+        for gone in left:
+            self.kv_manager.purge(gone.root)
 
     def compile_guide(self, params: SamplingParams):
         """The request's compiled grammar (waits for it); raises InvalidRequest if it does not compile."""

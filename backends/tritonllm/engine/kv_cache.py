@@ -10,6 +10,8 @@ hash of its tokens chained with the hashes of all blocks before it. A released b
 it sits in the free list, ordered least recently used first; allocation takes the LRU block and evicts its
 hash, and a prefix hit takes a cached block back out of the free list (ref count 0 -> 1) or shares it
 (ref count + 1). A block is in ``_cached`` iff ``_hash_of`` has it, and a hash maps to one block.
+A cached block of a LoRA adapter's requests also records the adapter's root (``_root_of``), so ``purge`` can
+drop them all when the adapter leaves: they could never be matched again, and would only age out.
 ``num_alloc_total`` / ``num_alloc_new`` count allocated blocks since start, the latter those that held no
 cached prefix (TensorRT-LLM's allocTotalBlocks / allocNewBlocks).
 """
@@ -58,6 +60,7 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._cached: dict[int, int] = {}     # hash -> block
         self._hash_of: dict[int, int] = {}    # block -> hash
+        self._root_of: dict[int, int] = {}    # cached block -> its chain's LoRA root (base-model blocks: absent)
         self.num_alloc_total = 0
         self.num_alloc_new = 0
         # KV events (e.g. Dynamo's router): called on the engine thread with ("stored", hash, parent,
@@ -78,11 +81,8 @@ class BlockPool:
         out = []
         for _ in range(n):
             b, _ = self._free.popitem(last=False)
-            h = self._hash_of.pop(b, None)
-            if h is not None:
-                del self._cached[h]
-                if self.listener is not None:
-                    self.listener(("removed", h))
+            if b in self._hash_of:
+                self._forget(b)
             else:
                 self.num_alloc_new += 1
             self._refs[b] = 1
@@ -111,14 +111,33 @@ class BlockPool:
             del self._free[block]
         self._refs[block] += 1
 
-    def register(self, block: int, h: int, parent: int | None = None, tokens=None) -> None:
+    def register(self, block: int, h: int, parent: int | None = None, tokens=None, root: int | None = None) -> None:
         """Publishes a full, computed block under its chained hash (first writer wins); ``parent`` and
-        ``tokens`` only feed the listener."""
+        ``tokens`` only feed the listener; ``root`` is the chain's LoRA root (None: the base model)."""
         if h not in self._cached and block not in self._hash_of:
             self._cached[h] = block
             self._hash_of[block] = h
+            if root is not None:
+                self._root_of[block] = root
             if self.listener is not None:
                 self.listener(("stored", h, parent, tuple(tokens or ())))
+
+    def purge(self, root: int) -> int:
+        """Unpublishes every cached block of the chains rooted at ``root`` (an adapter that left); the idle ones
+        move to the least recently used end of the free list, to be taken first. Returns how many."""
+        blocks = [b for b, r in self._root_of.items() if r == root]
+        for b in blocks:
+            self._forget(b)
+            if self._refs[b] == 0:
+                self._free.move_to_end(b, last=False)
+        return len(blocks)
+
+    def _forget(self, block: int) -> None:
+        h = self._hash_of.pop(block)
+        del self._cached[h]
+        self._root_of.pop(block, None)
+        if self.listener is not None:
+            self.listener(("removed", h))
 
 
 def kv_layout(kv_cache_dtype: str, dtype: torch.dtype, head_dim: int) -> tuple[torch.dtype, int]:

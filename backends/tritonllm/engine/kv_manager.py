@@ -79,7 +79,7 @@ class KVCacheManager:
             parent = req.block_hashes[-1] if i else req.lora_root
             tokens = req.token_ids[i * bs:(i + 1) * bs]
             h = block_hash(parent, tokens)
-            self.pool.register(req.block_table[i], h, parent, tokens)
+            self.pool.register(req.block_table[i], h, parent, tokens, req.lora_root)
             req.block_hashes.append(h)
 
     def cached_prefix(self, prompt_ids: list[int], root: int | None = None) -> list[tuple[int, int]]:
@@ -95,16 +95,21 @@ class KVCacheManager:
     def is_cached(self, h: int) -> bool:
         return self.pool.lookup(h) is not None
 
-    def adopt(self, h: int, parent: int | None, tokens: list[int], write: Callable[[int], None]) -> None:
+    def adopt(self, h: int, parent: int | None, tokens: list[int], write: Callable[[int], None],
+              root: int | None = None) -> None:
         """A block computed elsewhere: a free block is filled by ``write(block)``, published under ``h`` and left
         cached and idle (the most recently used end of the LRU list), as a finished request leaves its blocks.
         Raises NoFreeBlocks when none is free."""
         (b,) = self.pool.allocate(1)
         try:
             write(b)
-            self.pool.register(b, h, parent, tokens)
+            self.pool.register(b, h, parent, tokens, root)
         finally:
             self.pool.release([b])
+
+    def purge(self, root: int) -> int:
+        """Drops from the prefix cache every block of an adapter that left (its ``root``): blocks cached."""
+        return self.pool.purge(root)
 
     def release(self, blocks: list[int]) -> None:
         """Gives back blocks it handed out (a drafter's list)."""

@@ -89,7 +89,7 @@ def import_prefix(manager: KVCacheManager, kv: KVCache, prompt_ids: list[int], p
                     k[b * bs:(b + 1) * bs] = src[layer, 0]
                     v[b * bs:(b + 1) * bs] = src[layer, 1]
 
-            manager.adopt(h, parent, prompt_ids[i * bs:(i + 1) * bs], write)
+            manager.adopt(h, parent, prompt_ids[i * bs:(i + 1) * bs], write, root)
             written += 1
         parent = h
     return written

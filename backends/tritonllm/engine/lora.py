@@ -192,29 +192,31 @@ class LoraSet:
         if task_id in self.loaded:
             self.loaded.move_to_end(task_id)
 
-    def install(self, adapter: LoraAdapter, busy: set, device: torch.device, dtype: torch.dtype) -> None:
+    def install(self, adapter: LoraAdapter, busy: set, device: torch.device, dtype: torch.dtype) -> list[LoraAdapter]:
         """Adds a run-time adapter (replacing an idle one of the same id), evicting least recently used idle
-        ones past ``max_loras``. Raises ValueError naming the conflict when the id is pinned or busy with another
-        adapter, QueueFull when every slot serves requests."""
+        ones past ``max_loras``; returns the adapters that left (their KV roots are dead). Raises ValueError
+        naming the conflict when the id is pinned or busy with another adapter, QueueFull when every slot serves
+        requests."""
         tid = adapter.task_id
         old = self.get(tid)
         if old is not None and old.root == adapter.root:
             self.touch(tid)
-            return
+            return []
         if tid in self.pinned:
             raise ValueError(f"lora_task_id {tid} is the fixed adapter {self.pinned[tid].source} (lora_adapters): "
                              "choose another id for a run-time adapter")
         if old is not None and tid in busy:
             raise ValueError(f"lora_task_id {tid} serves {old.source} to requests in flight: it can be replaced by "
                              f"{adapter.source} once they end (or use another id)")
-        self.loaded.pop(tid, None)
+        left = [self.loaded.pop(tid)] if old is not None else []
         while len(self.loaded) >= self.max_loras:
             idle = next((t for t in self.loaded if t not in busy), None)
             if idle is None:
                 raise QueueFull(f"all {self.max_loras} run-time LoRA slots (max_loras) serve requests in flight: "
                                 f"lora_task_id {tid} cannot be loaded now, retry later")
-            del self.loaded[idle]
+            left.append(self.loaded.pop(idle))
         self.loaded[tid] = adapter.place(device, dtype)
+        return left
 
     def segments(self, spans: dict[int, list[tuple[int, int]]], num_tokens: int, device: torch.device) -> list:
         """(adapter, token rows) per adapter in a step, from each adapter's (start, count) spans of the flat batch;
