@@ -46,7 +46,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from tritonllm import contract as C  # noqa: E402
-from tritonllm.errors import InnerError  # noqa: E402
+from tritonllm.errors import ERROR_OUTPUTS, InnerError  # noqa: E402
 from tritonllm.lifecycle import ClientRequest, Live  # noqa: E402
 from tritonllm.llm_io import STREAMING_NEEDS_DECOUPLED, stack_rows  # noqa: E402
 from tritonllm.paths import model_parameters, model_path_param  # noqa: E402
@@ -249,14 +249,21 @@ class TritonPythonModel:
             return
         row.stop_sent = True
         one = np.ones((1, 1), dtype=np.int32)
+        # Failures as data (as for the generation request): python_backend r24.10 files a decoupled BLS response
+        # that carries a Triton error under a stale iterator id (InferResponse::SaveToSharedMemory, fixed in
+        # r25.04 by python_backend #398), so an error final would leave this iterator waiting forever.
+        as_data = self.engine_finish_reason
         stop = pb_utils.InferenceRequest(
-            model_name=self.llm_model, requested_output_names=["output_ids"], request_id=row.inner_id,
+            model_name=self.llm_model, request_id=row.inner_id,
+            requested_output_names=["output_ids", *(ERROR_OUTPUTS if as_data else ())],
             inputs=[pb_utils.Tensor("input_lengths", one), pb_utils.Tensor("request_output_len", one),
-                    pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool))])
+                    pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool))],
+            parameters=K.error_data_request() if as_data else {})
         responses = stop.exec(decoupled=True)
         for resp in responses:
-            if resp.has_error():
-                pb_utils.Logger.log_warn(f"tensorrt_llm_bls: stop {row.inner_id} failed: {resp.error().message()}")
+            failed = K.inner_failure(pb_utils, resp)
+            if failed is not None:
+                pb_utils.Logger.log_warn(f"tensorrt_llm_bls: stop {row.inner_id} failed: {failed}")
         self.drained.keep(responses)
 
     def _stop_request(self, sender, triton_id):

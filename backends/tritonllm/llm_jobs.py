@@ -20,7 +20,7 @@ read from their source):
   refused once admitted, e.g. a guide that did not compile; INTERNAL otherwise); either ends the whole job
   (its other rows are aborted) with one final error reply.
 
-Invariants: a job gets exactly one final reply and nothing after it; a job leaves the registry before
+Invariants: a job gets exactly one final reply and nothing after it (also when its reply cannot be made: INTERNAL); a job leaves the registry before
 its final reply is handed out (so nobody asks a freed response sender whether it was cancelled): both are
 ``lifecycle.Live``'s, as in the BLS. Threads: ``add`` (executing thread), ``on_output`` (one responder thread),
 ``cancelled`` / ``rows_of`` (watcher, stop requests) may run concurrently; everything is guarded by ``Live.lock``.
@@ -196,7 +196,17 @@ class Jobs:
                               as_data=job.errors_as_data)], others, None
             return [Reply(job.sender, final=True, error="request cancelled", code=CANCELLED,
                           as_data=job.errors_as_data)], others, None
-        return self._data(row, out), [], (self._figures(row, out) if out.finished else None)
+        try:
+            return self._data(row, out), [], (self._figures(row, out) if out.finished else None)
+        except Exception as e:  # noqa: BLE001  a reply we could not build (a fault of ours): the job still ends
+            with self.live.lock:
+                others = [r.rid for r in job.rows if r.rid in self._rows]
+                for rid in others:
+                    del self._rows[rid]
+                job.pending = 0
+                self.live.close_locked(job)
+            return [Reply(job.sender, final=True, error=f"tensorrt_llm: the response could not be made: {e}",
+                          code=INTERNAL, as_data=job.errors_as_data)], others, None
 
     @staticmethod
     def _figures(row: Row, out: RequestOutput) -> Finished:

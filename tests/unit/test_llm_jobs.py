@@ -70,6 +70,23 @@ def test_cancel_or_error_ends_the_whole_job_once(decoupled):
     assert replies[0].code == INTERNAL and abort == [job.rows[0].rid]
 
 
+@pytest.mark.parametrize("finishing", [False, True])
+def test_a_reply_that_cannot_be_made_still_ends_the_job_once_with_internal(finishing):
+    """A fault of ours while building a reply (here the text step) must not leave the caller waiting for a final."""
+    class Broken:
+        def add(self, ids):
+            raise ValueError("bad bytes")
+        finish = add
+
+    jobs = Jobs()
+    job = jobs.add("s", "x", _batch([[5], [6]], streaming=True), decoupled=True, detokenizer=Broken)
+    a, b = job.rows
+    replies, abort, done = jobs.on_output(_out(a, [1], finishing, "length" if finishing else None))
+    assert [(r.final, r.code) for r in replies] == [(True, INTERNAL)] and "bad bytes" in replies[0].error
+    assert abort == ([b.rid] if finishing else [a.rid, b.rid]) and done is None and len(jobs) == 0 and job.answered
+    assert jobs.on_output(_out(b, [2], True, "length")) == ([], [], None)  # nothing after the final reply
+
+
 def test_perf_metrics_ride_on_the_reply_when_asked_for():
     jobs = Jobs()
     (row,) = jobs.add("s", "", _batch([[5]], return_perf_metrics=np.array([[True]])), decoupled=True).rows

@@ -88,7 +88,7 @@ class Sender:
     def __init__(self):
         self.responses, self.cancelled, self.cv = [], False, threading.Condition()
 
-    def send(self, response, flags=0):
+    def send(self, response=None, flags=0):
         with self.cv:
             self.responses.append((response, flags))
             self.cv.notify_all()
@@ -256,3 +256,22 @@ def test_a_reply_carries_only_the_outputs_the_caller_asked_for(model):
     model.execute([request])
     (response, flags), = request.sender.final()
     assert flags == FINAL and set(response.tensors) == {"output_ids", "sequence_length"}
+
+
+def test_a_final_response_that_cannot_be_sent_still_ends_the_stream(model):
+    """A send that fails (a fault between the stub and the server) is logged, and a final one is followed by the
+    final flag alone: the caller (an ensemble step, the BLS, a gRPC stream) must not wait forever."""
+    model.rec.scripts.append([{"ids": [5]}, {"ids": [7], "finish": "length", "done": True}])
+    req = Request(row([1, 3], streaming=True), rid="f")
+    deliver = req.sender.send
+
+    def send(response=None, flags=0):
+        if flags == FINAL and response is not None:
+            raise RuntimeError("shared memory exhausted")
+        deliver(response, flags)
+
+    req.sender.send = send
+    model.execute([req])
+    responses = req.sender.final()
+    assert [f for _, f in responses] == [0, FINAL] and responses[-1][0] is None
+    assert any(k == "error" and "(final) for" in m and "was not sent: shared memory exhausted" in m for k, m in model.log)

@@ -172,10 +172,23 @@ class LLMTritonModel:
             if finished is not None:
                 self.metrics.observe_request(finished.ttft, finished.tpot)
                 self.nvidia.observe(finished.prompt_tokens, finished.output_tokens)
-            for reply in replies:
+        except Exception as e:  # one bad output must not stop the others' responses
+            self.pb_utils.Logger.log_error(f"tensorrt_llm: output for {out.request_id} failed: {e}")
+            return
+        for reply in replies:
+            try:
                 self._send(reply)
-        except Exception as e:  # one failed send must not stop the others' responses
-            self.pb_utils.Logger.log_error(f"tensorrt_llm: response for {out.request_id} failed: {e}")
+            except Exception as e:  # logged, and a lost final still ends the stream: its caller would wait forever
+                self.pb_utils.Logger.log_error(f"tensorrt_llm: a response{' (final)' if reply.final else ''} for "
+                                               f"{out.request_id} was not sent: {e}")
+                if reply.final:
+                    self._end(reply.sender)
+
+    def _end(self, sender):
+        try:
+            sender.send(flags=self.final_flag)
+        except Exception as e:
+            self.pb_utils.Logger.log_error(f"tensorrt_llm: nor its final flag: {e}")
 
     def _send(self, reply):
         pb = self.pb_utils
