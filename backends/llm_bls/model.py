@@ -208,8 +208,9 @@ class TritonPythonModel:
             if done:
                 continue
             if job.cancelled or job.answered:  # the client cancelled, or another row failed
-                self._stop_engine(row)
+                # answered first: the client's final waits on nothing (the stop is a round trip to tensorrt_llm)
                 self._fail(job, "request cancelled", pb_utils.TritonError.CANCELLED)
+                self._stop_engine(row)
                 done = True
                 continue
             failed = self._inner_failure(resp)

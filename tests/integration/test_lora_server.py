@@ -8,6 +8,7 @@ outside lora_root and malformed in-request weights are INVALID_ARG naming the in
 from __future__ import annotations
 
 import re
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -51,12 +52,16 @@ def expected():
     return prompt, out
 
 
-def _llm(server, prompt, lora=None, tokens=N, **extra):
+def _llm(server, prompt, lora=None, tokens=N, gate=None, **extra):
+    """One request's ids and error; ``gate`` (a Barrier) holds it, once connected, until its peers are too."""
     s = Stream(server.grpc_url)
     try:
         if lora is not None:
             extra["lora_task_id"] = np.array([[lora]], np.uint64)
-        chunks, err = s.run("tensorrt_llm", _ids_request(prompt, tokens, **extra))
+        request = _ids_request(prompt, tokens, **extra)
+        if gate is not None:
+            gate.wait(60)
+        chunks, err = s.run("tensorrt_llm", request)
         return [int(t) for c in chunks for t in c["output_ids"].reshape(-1)], err
     finally:
         s.close()
@@ -86,8 +91,9 @@ def test_mixed_adapters_in_one_batch(toy_server, expected):
     prompt, want = expected
     tids, long = [None, 1, 1, None, 1, None], 96
     before = _iterations(toy_server)
+    gate = threading.Barrier(len(tids))  # sent together once every client is connected (connecting is the slow part)
     with ThreadPoolExecutor(len(tids)) as pool:
-        results = list(pool.map(lambda t: _llm(toy_server, prompt, t, tokens=long), tids))
+        results = list(pool.map(lambda t: _llm(toy_server, prompt, t, tokens=long, gate=gate), tids))
     steps = _iterations(toy_server) - before
     for tid, (ids, err) in zip(tids, results):
         assert err is None and len(ids) == long and ids[:N] == want[tid], f"lora_task_id {tid}: {err}"

@@ -5,13 +5,17 @@ dies on the way out (as ~MetricFamily did, reaching a stub already gone) shows a
 from __future__ import annotations
 
 import json
+import queue
 import re
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from conftest import READY_TIMEOUT_S
 from tritonllm.serving.launcher import TritonServer, find_free_ports
@@ -20,6 +24,20 @@ ROOT = Path(__file__).resolve().parents[2]
 CYCLES = 3
 EXIT_TIMEOUT_S = 10
 CRASH = re.compile(r"Fatal Python error|Segmentation fault|Signal \(11\)|Exit timeout expired|core dumped")
+
+
+def _started(tag: str) -> TritonServer:
+    http, grpc, metrics = find_free_ports(3)
+    server = TritonServer(http, grpc, metrics, exit_timeout_s=EXIT_TIMEOUT_S,
+                          log_path=ROOT / "build" / "logs" / f"pytest-shutdown-{tag}-{http}.log")
+    server.start(timeout=READY_TIMEOUT_S)
+    return server
+
+
+def _assert_clean_stop(server: TritonServer, code: int, took: float) -> None:
+    crashes = [line for line in server.read_log().splitlines() if CRASH.search(line)]
+    assert not crashes, f"{server.log_path}: {crashes}"
+    assert code == 0 and took < EXIT_TIMEOUT_S, (code, took, server.log_path)
 
 
 def _generate(server, model: str, answers: list) -> None:
@@ -32,10 +50,7 @@ def _generate(server, model: str, answers: list) -> None:
 
 @pytest.mark.parametrize("cycle", range(CYCLES))
 def test_stop_under_load_drains_and_no_stub_crashes(built_repository, cycle):
-    http, grpc, metrics = find_free_ports(3)
-    server = TritonServer(http, grpc, metrics, exit_timeout_s=EXIT_TIMEOUT_S,
-                          log_path=ROOT / "build" / "logs" / f"pytest-shutdown-{cycle}-{http}.log")
-    server.start(timeout=READY_TIMEOUT_S)
+    server = _started(str(cycle))
     try:
         answers: list = []
         clients = [threading.Thread(target=_generate, args=(server, model, answers))
@@ -50,8 +65,46 @@ def test_stop_under_load_drains_and_no_stub_crashes(built_repository, cycle):
             c.join(30)
     finally:
         server.stop()
-    log = server.read_log()
-    crashes = [line for line in log.splitlines() if CRASH.search(line)]
-    assert not crashes, f"{server.log_path}: {crashes}"
-    assert code == 0 and took < EXIT_TIMEOUT_S, (code, took, server.log_path)
+    _assert_clean_stop(server, code, took)
     assert len(answers) == 3 and all(status == 200 and text for status, text in answers), answers
+
+
+def _leave_after_first_token(server, i: int, left: list) -> None:
+    """A streamed tensorrt_llm request whose client cancels its gRPC stream after the first response (as the OpenAI
+    server does when its own client leaves or every sequence met a stop string)."""
+    def tensor(name, array):
+        t = grpcclient.InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "INT32")
+        t.set_data_from_numpy(array)
+        return t
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("tensorrt_llm", [
+        tensor("input_ids", np.array([[1, 2, 3, 4 + i]], np.int32)), tensor("input_lengths", np.array([[4]], np.int32)),
+        tensor("request_output_len", np.array([[48]], np.int32)), tensor("streaming", np.array([[True]]))],
+        request_id=f"leaver-{i}", enable_empty_final_response=True)
+    result, error = got.get(timeout=60)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    left.append(error is None and result is not None)
+
+
+def test_clients_that_cancel_their_streams_do_not_hold_the_model_at_stop(built_repository):
+    """Many streams to tensorrt_llm cancelled at once (12 at a time, 96 in all): every cancelled request is answered
+    and released, so the stop that follows unloads every model within the exit timeout. (Through the ensemble or the
+    BLS, Triton 2.51 itself can keep the front model loaded after such cancellations until the exit timeout: see
+    docs/nvidia_clients.md, "Cancelled streams and shutdown".)"""
+    server = _started("cancelled")
+    try:
+        left: list = []
+        with ThreadPoolExecutor(12) as pool:
+            list(pool.map(lambda i: _leave_after_first_token(server, i, left), range(96)))
+        time.sleep(1.0)  # the engine sees the cancellations (watcher period 50 ms) and answers them
+        began = time.monotonic()
+        code = server.stop(timeout=EXIT_TIMEOUT_S + 20)
+        took = time.monotonic() - began
+    finally:
+        server.stop()
+    assert len(left) == 96 and all(left)
+    _assert_clean_stop(server, code, took)
