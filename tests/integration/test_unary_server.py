@@ -77,13 +77,16 @@ def test_nvidia_stop_request_in_unary_mode(unary_server):
     client = grpcclient.InferenceServerClient(unary_server.grpc_url)
     done: queue.Queue = queue.Queue()
     try:
+        generated = llm_metrics(unary_server.metrics_url).get("llm_generation_tokens_total", 0)
         # as long as the demo's positions allow (2048): a fast machine generates ~1500 tokens a second
         client.async_infer("tensorrt_llm", grpc_inputs(ids_tensors(list(range(20, 32)), 2000)),
                            callback=lambda result, error: done.put((result, error)), request_id="unary-stop")
         deadline = time.monotonic() + 30
-        while llm_metrics(unary_server.metrics_url).get("llm_requests_running", 0) < 1:
-            assert time.monotonic() < deadline, "the request never showed as running"
-            time.sleep(0.05)  # stop it once it runs (published every ~0.5 s), not after a fixed sleep
+        # stop it once it has generated (published every ~0.5 s), not after a fixed sleep; "running" was not enough:
+        # under CI load the stop once came between admission and the first token (0 tokens)
+        while llm_metrics(unary_server.metrics_url).get("llm_generation_tokens_total", 0) <= generated:
+            assert time.monotonic() < deadline, "the request never generated"
+            time.sleep(0.05)
         stop = {"input_ids": np.empty([1, 1], np.int32), "input_lengths": np.zeros([1, 1], np.int32),
                 "request_output_len": np.array([[0]], np.int32), "stop": np.array([[True]])}
         answer = client.infer("tensorrt_llm", grpc_inputs(stop), request_id="unary-stop")
