@@ -20,8 +20,8 @@ read from their source):
   refused once admitted, e.g. a guide that did not compile; INTERNAL otherwise); either ends the whole job
   (its other rows are aborted) with one final error reply.
 
-Invariants: a job gets exactly one final reply and nothing after it (also when its reply cannot be made: INTERNAL); a job leaves the registry before
-its final reply is handed out (so nobody asks a freed response sender whether it was cancelled): both are
+Invariants: a job gets exactly one final reply and nothing after it (INTERNAL when a reply cannot be made); a
+job leaves the registry before its final reply is handed out (so nobody asks a freed response sender whether it was cancelled): both are
 ``lifecycle.Live``'s, as in the BLS. Threads: ``add`` (executing thread), ``on_output`` (one responder thread),
 ``cancelled`` / ``rows_of`` (watcher, stop requests) may run concurrently; everything is guarded by ``Live.lock``.
 """
@@ -178,12 +178,8 @@ class Jobs:
                 del self._rows[out.request_id]
                 self.live.end_locked(job)
             failed = out.error is not None or (out.finish_reason == "abort" and job.cancelled)
-            others = []
-            if failed:  # the whole job ends now: its other rows leave the registry, then get aborted
-                others = [r.rid for r in job.rows if r.rid in self._rows]
-                for rid in others:
-                    del self._rows[rid]
-                job.pending = 0
+            # the whole job ends now: its other rows leave the registry, then get aborted
+            others = self._end_job_locked(job) if failed else []
             if job.pending == 0:  # its final reply is handed out below: it leaves the registry first
                 self.live.close_locked(job)
         if out.new_token_ids:
@@ -200,13 +196,18 @@ class Jobs:
             return self._data(row, out), [], (self._figures(row, out) if out.finished else None)
         except Exception as e:  # noqa: BLE001  a reply we could not build (a fault of ours): the job still ends
             with self.live.lock:
-                others = [r.rid for r in job.rows if r.rid in self._rows]
-                for rid in others:
-                    del self._rows[rid]
-                job.pending = 0
+                others = self._end_job_locked(job)
                 self.live.close_locked(job)
             return [Reply(job.sender, final=True, error=f"tensorrt_llm: the response could not be made: {e}",
                           code=INTERNAL, as_data=job.errors_as_data)], others, None
+
+    def _end_job_locked(self, job: Job) -> list[str]:
+        """Ends a job before its rows finish (under live.lock): the engine ids of its rows still open, to abort."""
+        others = [r.rid for r in job.rows if r.rid in self._rows]
+        for rid in others:
+            del self._rows[rid]
+        job.pending = 0
+        return others
 
     @staticmethod
     def _figures(row: Row, out: RequestOutput) -> Finished:

@@ -108,7 +108,7 @@ class KVCacheManager:
             self.pool.release([b])
 
     def purge(self, root: int) -> int:
-        """Drops from the prefix cache every block of an adapter that left (its ``root``): blocks cached."""
+        """Drops from the prefix cache every block of an adapter that left (its ``root``); returns how many."""
         return self.pool.purge(root)
 
     def release(self, blocks: list[int]) -> None:
