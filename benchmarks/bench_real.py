@@ -15,7 +15,8 @@ cached). Both engines read the same file with 2 threads; llama.cpp is the projec
 
 Ours runs twice per format: ``activation_quantization: none`` (the default: fp32 activations, the float model of
 the file's dequantized weights, HF-exact greedy) and ``int8`` (llama.cpp's arithmetic: activations rounded to int8
-per 32-block). On this shared 2-core machine a figure moves by up to 20 % between runs, so the engines alternate
+per 32-block). Our KV cache is fp32 (``--kv-cache-dtype auto``, HF-exact); llama.cpp keeps f16, and
+``--kv-cache-dtype fp16`` (or ``int8``) gives ours the same bytes a step (half). On this shared 2-core machine a figure moves by up to 20 % between runs, so the engines alternate
 within each round (llama.cpp, then ours, per format) over ``--rounds`` rounds, and the table gives each figure's
 median with its min-max spread; a ratio is median over median. The bandwidth bound of a format is the machine's
 measured read bandwidth over the bytes a decode step reads (every layer matrix and the output matrix as loaded).
@@ -100,9 +101,10 @@ def llamacpp_figures(gguf: Path, threads: int) -> dict[str, float]:
 
 
 # ---- ours --------------------------------------------------------------------------------------------------
-def our_engine(gguf: Path, activations: str, threads: int) -> LLMEngine:
+def our_engine(gguf: Path, activations: str, threads: int, kv_cache_dtype: str = "auto") -> LLMEngine:
     return LLMEngine(str(gguf), EngineConfig(max_num_seqs=16, max_num_tokens=2048, max_kv_tokens=16 * 272 + 1024,
-                                             num_threads=threads, activation_quantization=activations))
+                                             num_threads=threads, activation_quantization=activations,
+                                             kv_cache_dtype=kv_cache_dtype))
 
 
 def _finish(engine: LLMEngine) -> tuple[int, float, float]:
@@ -270,6 +272,8 @@ def main(argv=None) -> int:
     ap.add_argument("--activations", default="none,int8")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp16", "int8"),
+                    help="our KV cache (llama.cpp keeps f16 by default; auto = fp32, HF-exact)")
     ap.add_argument("--skip-lookup", action="store_true", help="no prompt-lookup rows")
     ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "real"))
     args = ap.parse_args(argv)
@@ -281,7 +285,7 @@ def main(argv=None) -> int:
     engines, results, samples = {}, {k: {} for k in formats}, {}
     for kind in formats:
         for act in activations:
-            engines[kind, act] = our_engine(files[kind], act, args.threads)
+            engines[kind, act] = our_engine(files[kind], act, args.threads, args.kv_cache_dtype)
         results[kind]["decode_bytes"] = weight_bytes(engines[kind, activations[0]].model)
     total = args.rounds * len(formats) * (1 + len(activations))
     done = 0

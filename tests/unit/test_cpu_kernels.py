@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from tritonllm.engine import cpu_kernels
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
+from tritonllm.engine.kv_cache import kv_layout
+from tritonllm.engine.kv_quant import load, store
 from tritonllm.engine.linear import linear as onednn_linear
 from tritonllm.engine.model import rotate_half
 from tritonllm.engine.request import SamplingParams
@@ -112,6 +114,67 @@ def test_decode_attention_matches_sdpa_over_key_ranges_with_gqa():
         ext.decode_attention(qkv, kc, vc, rows, slots, lo, torch.tensor([12, 4, 12]), 1.0, H, out)
     with pytest.raises(RuntimeError, match="shapes disagree"):
         ext.decode_attention(qkv[:3], kc, vc, rows, slots, lo, hi, 1.0, H, out)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv", ["fp16", "int8"])
+def test_rope_store_writes_fp16_and_int8_rows_bitwise_as_kv_quant_stores_them(kv):
+    T, H, KVH, D, S = 5, 6, 2, 64, 40
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g) * 3
+    cos, sin = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    slots = torch.tensor([3, 17, 0, 39, 8])
+    dtype, width = kv_layout(kv, torch.float32, D)
+    _, k, v = qkv.view(T, H + 2 * KVH, D).split([H, KVH, KVH], dim=1)
+    want_k, want_v = torch.zeros(S, KVH, width, dtype=dtype), torch.zeros(S, KVH, width, dtype=dtype)
+    store(want_k, slots, k * cos[:, None] + rotate_half(k) * sin[:, None], 1.0)
+    store(want_v, slots, v.clone(), 1.0)
+    kc, vc = torch.zeros_like(want_k), torch.zeros_like(want_v)
+    ext.rope_store(qkv, cos, sin, slots, kc, vc, H, KVH)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv", ["auto", "fp16", "int8"])
+@pytest.mark.parametrize("H,KVH,D", [(6, 2, 16), (9, 3, 64), (8, 2, 64), (5, 5, 32), (10, 2, 64)])
+def test_decode_attention_reads_every_cache_form_as_sdpa_on_its_rows(kv, H, KVH, D):
+    """Each head group size (1, 3, 4 grouped; 5 and D = 16 one head at a time) over fp32, fp16 and int8 rows:
+    equal to SDPA on the rows kv_quant.load reads back, to fp32 rounding."""
+    S, L = 64, 40
+    g = torch.Generator().manual_seed(4)
+    dtype, width = kv_layout(kv, torch.float32, D)
+    kc, vc = torch.zeros(S, KVH, width, dtype=dtype), torch.zeros(S, KVH, width, dtype=dtype)
+    store(kc, torch.arange(S), torch.randn(S, KVH, D, generator=g), 1.0)
+    store(vc, torch.arange(S), torch.randn(S, KVH, D, generator=g), 1.0)
+    qkv = torch.randn(3, (H + 2 * KVH) * D, generator=g)
+    rows, slots = torch.tensor([2, 0, 1]), torch.randint(0, S, (3, L), generator=g)
+    lo, hi = torch.tensor([0, 7, 38]), torch.tensor([40, 30, 39])
+    out = torch.empty(3, H * D)
+    ext.decode_attention(qkv, kc, vc, rows, slots, lo, hi, D ** -0.5, H, out)
+    for i, r in enumerate(rows.tolist()):
+        s = slots[i, lo[i]:hi[i]]
+        k = load(kc, s, torch.float32, 1.0).transpose(0, 1)[None]
+        v = load(vc, s, torch.float32, 1.0).transpose(0, 1)[None]
+        want = F.scaled_dot_product_attention(qkv[r, :H * D].view(1, H, 1, D), k, v, enable_gqa=True).view(H * D)
+        torch.testing.assert_close(out[r], want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv", ["fp16", "int8"])
+def test_native_and_torch_paths_agree_over_fp16_and_int8_kv_caches(tmp_path, kv):
+    """The native decode (fused stack and per-layer path) on a half or int8 cache generates what the torch path
+    generates on the same cache form, and gives every block back."""
+    ckpt = make_checkpoint(tmp_path, "llama")
+    prompts = random_prompts(4, 212, 10, 30)
+    got = {}
+    for mode in ("native", "torch"):
+        engine = LLMEngine(ckpt, EngineConfig(block_size=4, max_kv_tokens=1024, max_num_tokens=32, cpu_kernels=mode,
+                                              kv_cache_dtype=kv))
+        assert engine.kv.k[0].dtype == kv_layout(kv, torch.float32, 1)[0]
+        results, _ = run_staggered(engine, prompts, lambda i: SamplingParams(max_tokens=10, end_id=-1), 1)
+        got[mode] = [results[str(i)] for i in range(len(prompts))]
+        assert engine.pool.num_free == engine.pool.num_blocks
+    assert got["native"] == got["torch"]
 
 
 @needs_kernel

@@ -38,6 +38,8 @@ MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_kernels: 0.9x at M = 128
 # beats dequantizing the whole weight for oneDNN (SmolLM2's layer shapes, 2 threads: 2.0x at 128 rows, 1.15x at
 # 256, 0.92x at 512)
 TILE_MAX_ROWS = 256
+# KV caches rope_store / decode_attention read and write (engine/kv_cache.kv_layout: fp32, fp16, int8 rows + scale)
+KV_DTYPES = (torch.float32, torch.float16, torch.int8)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp", "qgemm_cpu.cpp",
                                             "qgemm_f32_cpu.cpp", "decode_cpu.cpp")]

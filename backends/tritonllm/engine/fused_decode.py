@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .cpu_kernels import MAX_ROWS
+from .cpu_kernels import KV_DTYPES, MAX_ROWS
 from .quant import Int4Weight, Int8Weight
 
 # csrc/decode_cpu.cpp's Kind
@@ -54,6 +54,6 @@ def build(model):
 
 
 def applies(meta, num_tokens: int, kv_k: list[torch.Tensor]) -> bool:
-    """A step the stack runs: every row a decode, no LoRA, fp32 KV, few rows."""
+    """A step the stack runs: every row a decode, no LoRA, a KV cache the native kernels read, few rows."""
     return (not meta.prefills and not meta.lora and meta.decode_rows is not None and num_tokens <= MAX_ROWS
-            and kv_k[0].dtype == torch.float32)
+            and kv_k[0].dtype in KV_DTYPES)

@@ -144,11 +144,14 @@ def kv_layout(kv_cache_dtype: str, dtype: torch.dtype, head_dim: int) -> tuple[t
     """(storage dtype, row width) of one head's K or V in the cache: ``auto`` the compute dtype; ``fp8``
     float8_e4m3fn bits in uint8 (torch's CPU index_copy_ has no float8 kernel); ``int8`` codes of the row
     scaled by its own amax / 127, the fp32 scale in 4 more bytes of the row (per token and head: no
-    calibration, and one outlier token costs only its own precision)."""
+    calibration, and one outlier token costs only its own precision); ``fp16`` half the bytes of fp32 rows, the
+    form llama.cpp keeps by default."""
     if kv_cache_dtype == "fp8":
         return torch.uint8, head_dim
     if kv_cache_dtype == "int8":
         return torch.int8, head_dim + 4
+    if kv_cache_dtype == "fp16":
+        return torch.float16, head_dim
     return dtype, head_dim
 
 

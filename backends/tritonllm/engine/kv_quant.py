@@ -20,7 +20,7 @@ def store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: floa
         codes = torch.round(xf / s).clamp(-127, 127).to(torch.int8)
         cache.index_copy_(0, slots, torch.cat((codes, s.view(torch.int8)), dim=-1))
     else:
-        cache.index_copy_(0, slots, x)
+        cache.index_copy_(0, slots, x.to(cache.dtype))
 
 
 def load(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
@@ -31,4 +31,4 @@ def load(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype, scale: fl
     if cache.dtype == torch.int8:
         d = rows.shape[-1] - 4
         return (rows[..., :d].float() * rows[..., d:].contiguous().view(torch.float32)).to(dtype)
-    return rows
+    return rows.to(dtype)

@@ -186,7 +186,7 @@ class Transformer:
             qkv = linear(x, layer.qkv, layer.qkv_b)
             if meta.lora:
                 LoraSet.apply(qkv, x, meta.lora, li, "qkv")
-            if self.native is not None and kv_k[li].dtype == torch.float32:
+            if self.native is not None and kv_k[li].dtype in native_kernels.KV_DTYPES:
                 attn = self._native_attention(qkv, layer, cos2, sin2, kv_k[li], kv_v[li], meta)
             else:
                 q, k, v = self._split_heads(qkv, layer)

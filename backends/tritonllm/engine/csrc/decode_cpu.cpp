@@ -79,7 +79,7 @@ class DecodeStack {
       torch::Tensor x = tk_elementwise::rms_norm(h, L.ln1, eps_);
       torch::Tensor qkv = L.qkv(x);
       tk_attention::rope_store(qkv, cos, sin, slots, kc[li], vc[li], heads_, kv_heads_);
-      torch::Tensor attn = torch::empty({T, heads_ * kc[li].size(2)}, qkv.options());
+      torch::Tensor attn = torch::empty({T, qkv.size(1) / (heads_ + 2 * kv_heads_) * heads_}, qkv.options());
       tk_attention::decode_attention(qkv, kc[li], vc[li], rows, gather, lo, hi, scale_, heads_, attn);
       torch::Tensor o = L.o(attn);
       x = tk_elementwise::add_rms_norm(h, o, L.ln2, eps_);
