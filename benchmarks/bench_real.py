@@ -16,10 +16,11 @@ cached). Both engines read the same file with 2 threads; llama.cpp is the projec
 Ours runs twice per format: ``activation_quantization: none`` (the default: fp32 activations, the float model of
 the file's dequantized weights, HF-exact greedy) and ``int8`` (llama.cpp's arithmetic: activations rounded to int8
 per 32-block). Our KV cache is fp32 (``--kv-cache-dtype auto``, HF-exact); llama.cpp keeps f16, and
-``--kv-cache-dtype fp16`` (or ``int8``) gives ours the same bytes a step (half). On this shared 2-core machine a figure moves by up to 20 % between runs, so the engines alternate
-within each round (llama.cpp, then ours, per format) over ``--rounds`` rounds, and the table gives each figure's
-median with its min-max spread; a ratio is median over median. The bandwidth bound of a format is the machine's
-measured read bandwidth over the bytes a decode step reads (every layer matrix and the output matrix as loaded).
+``--kv-cache-dtype fp16`` gives ours the same cache bytes (``int8``: about half of those). On this shared 2-core
+machine a figure moves by up to 20 % between runs, so the engines alternate within each round (llama.cpp, then
+ours, per format) over ``--rounds`` rounds, and the table gives each figure's median with its min-max spread; a
+ratio is median over median. The bandwidth bound of a format is the machine's measured read bandwidth over the
+bytes a decode step reads (every layer matrix and the output matrix as loaded).
 
 Prompt lookup (``--skip-lookup`` to leave out): the same model on extractive work (asked through its chat template
 to copy a passage, to fix its spelling, to answer from it as context), 96 greedy tokens with and without

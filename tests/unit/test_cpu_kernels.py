@@ -136,9 +136,9 @@ def test_rope_store_writes_fp16_and_int8_rows_bitwise_as_kv_quant_stores_them(kv
 
 @needs_kernel
 @pytest.mark.parametrize("kv", ["auto", "fp16", "int8"])
-@pytest.mark.parametrize("H,KVH,D", [(6, 2, 16), (9, 3, 64), (8, 2, 64), (5, 5, 32), (10, 2, 64)])
+@pytest.mark.parametrize("H,KVH,D", [(6, 2, 16), (9, 3, 64), (4, 2, 64), (8, 2, 64), (5, 5, 32), (10, 2, 64)])
 def test_decode_attention_reads_every_cache_form_as_sdpa_on_its_rows(kv, H, KVH, D):
-    """Each head group size (1, 3, 4 grouped; 5 and D = 16 one head at a time) over fp32, fp16 and int8 rows:
+    """Each head group size (1, 2, 3, 4 grouped; 5 and D = 16 one head at a time) over fp32, fp16 and int8 rows:
     equal to SDPA on the rows kv_quant.load reads back, to fp32 rounding."""
     S, L = 64, 40
     g = torch.Generator().manual_seed(4)
@@ -163,7 +163,8 @@ def test_decode_attention_reads_every_cache_form_as_sdpa_on_its_rows(kv, H, KVH,
 @pytest.mark.parametrize("kv", ["fp16", "int8"])
 def test_native_and_torch_paths_agree_over_fp16_and_int8_kv_caches(tmp_path, kv):
     """The native decode (fused stack and per-layer path) on a half or int8 cache generates what the torch path
-    generates on the same cache form, and gives every block back."""
+    generates on the same cache form, and gives every block back; the native engine did run both native kernels
+    (counted), so a silent fallback to torch fails here."""
     ckpt = make_checkpoint(tmp_path, "llama")
     prompts = random_prompts(4, 212, 10, 30)
     got = {}
@@ -171,10 +172,33 @@ def test_native_and_torch_paths_agree_over_fp16_and_int8_kv_caches(tmp_path, kv)
         engine = LLMEngine(ckpt, EngineConfig(block_size=4, max_kv_tokens=1024, max_num_tokens=32, cpu_kernels=mode,
                                               kv_cache_dtype=kv))
         assert engine.kv.k[0].dtype == kv_layout(kv, torch.float32, 1)[0]
+        model = engine.model
+        if mode == "native":
+            model.native, model.decode_stack = _Counted(model.native), _Counted(model.decode_stack)
         results, _ = run_staggered(engine, prompts, lambda i: SamplingParams(max_tokens=10, end_id=-1), 1)
         got[mode] = [results[str(i)] for i in range(len(prompts))]
         assert engine.pool.num_free == engine.pool.num_blocks
+        if mode == "native":
+            assert model.native.calls["rope_store"] and model.native.calls["decode_attention"], model.native.calls
+            assert model.decode_stack.calls["run"], "no step ran the fused decode stack"
     assert got["native"] == got["torch"]
+
+
+class _Counted:
+    """Delegates to `inner`, counting the calls of each of its methods."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, {}
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+        return counted
 
 
 @needs_kernel

@@ -117,7 +117,8 @@ KNOBS: tuple[Knob, ...] = (
          allowed=("none", "int8")),
     Knob("fp8_matmul", "fp8_matmul", str, "auto", "fp8: scaled FP8 matmuls (SM >= 8.9) or dequantize",
          allowed=("auto", "scaled", "dequant")),
-    Knob("kv_cache_dtype", "kv_cache_dtype", str, "auto", "KV cache: compute dtype, fp16, fp8 or int8 (fp16 and int8 read by the native CPU "
+    Knob("kv_cache_dtype", "kv_cache_dtype", str, "auto",
+         "KV cache: compute dtype, fp16, fp8 or int8 (fp16 and int8 read by the native CPU "
          "decode kernels: half / ~quarter of fp32's bytes a step)", allowed=("auto", "fp16", "fp8", "int8")),
     Knob("guided_decoding_max_guide_bytes", "guide_max_bytes", int, 65536,
          "a longer guided_decoding_guide (JSON schema, regex, grammar) is refused at once", minimum=1),

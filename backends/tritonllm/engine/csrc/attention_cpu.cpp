@@ -191,7 +191,8 @@ inline void put_row(const float* x, int64_t D, int8_t* dst) {
   float amax = 0.f;
   for (int64_t j = 0; j < D; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float s = std::max(amax, 1e-12f) / 127.f;
-  for (int64_t j = 0; j < D; ++j) dst[j] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(x[j] / s))));
+  for (int64_t j = 0; j < D; ++j)
+    dst[j] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(x[j] / s))));
   std::memcpy(dst + D, &s, sizeof s);
 }
 
