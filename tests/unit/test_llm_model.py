@@ -240,7 +240,8 @@ def test_metrics_follow_the_llm_api_stats(model):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         kv = [m for m in families["nv_trt_llm_kv_cache_block_metrics"] if m.labels["kv_cache_block_type"] == "fraction"]
-        if kv[-1].value == 0.5 and families["llm_generation_tokens_total"][-1].value == 1:
+        logged = any(k == "verbose" and '"Iteration Counter": 3' in m for k, m in model.log)
+        if kv[-1].value == 0.5 and families["llm_generation_tokens_total"][-1].value == 1 and logged:
             break
         time.sleep(0.02)
     assert kv[-1].value == 0.5 and families["llm_generation_tokens_total"][-1].value == 1
