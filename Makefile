@@ -99,7 +99,10 @@ bench-dynamo: build dynamo-venv
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	PYTHONPATH=backends $(PY) benchmarks/bench_dynamo.py $(BENCH_ARGS)
 
-test: demo dynamo-venv
+# genai-perf's virtualenv (make perf's): tests/integration/test_perf_llm.py runs `make perf` end to end.
+GENAI_VENV ?= build/perf/genai-venv
+
+test: demo dynamo-venv $(GENAI_VENV)/bin/genai-perf
 	@echo "==> [test] pytest tests $(PYTEST_ARGS)"
 	@set +e; $(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "==> [test] pytest collected no tests"; exit 0; fi; exit $$rc
@@ -171,7 +174,6 @@ OPENAI_LORA_MODULES ?=
 # are written in that form by guided decoding; SmolLM2-Instruct's own template has no tools section).
 OPENAI_TOOL_CALL_PARSER ?= hermes
 PERF_ARGS ?=
-GENAI_VENV ?= build/perf/genai-venv
 
 .PHONY: openai perf
 openai: build
@@ -186,7 +188,7 @@ $(GENAI_VENV)/bin/genai-perf:
 	$(GENAI_VENV)/bin/pip install --progress-bar off -q "genai-perf==0.0.16" "numpy<2"
 
 perf: build $(GENAI_VENV)/bin/genai-perf
-	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	@$(PY) -c "import matplotlib, nvidia.cuda_runtime" 2>/dev/null || $(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/perf_llm.py --genai-venv $(GENAI_VENV) $(PERF_ARGS)
 
 # ---- Reliability (issue 8). `make soak`: mixed load for SOAK_MINUTES against its own server, report of

@@ -74,7 +74,8 @@ def stream_one(port: int, model: str, prompt: str, max_tokens: int) -> dict:
     if usage is None or not stamps:
         raise RuntimeError(f"server on :{port} sent no usage or no text")
     return {"ttft": stamps[0] - t0, "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "chunks": len(stamps),
-            "tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"]}
+            "tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"],
+            "sent": t0, "stamps": stamps}
 
 
 def run_level(port: int, model: str, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
@@ -122,29 +123,47 @@ def stop_group(proc: subprocess.Popen, grace: float = 60) -> None:
         proc.wait()
 
 
-def start_ours(model: str, log_dir: Path):
-    """tritonserver over the rendered repositories (what `make serve` runs) + our OpenAI server in front of it.
-    Returns (port, stop)."""
-    from tritonllm.serving.launcher import TritonServer, find_free_ports
+def start_openai_front(model: str, triton_grpc_url: str, log_path: Path):
+    """Our OpenAI server (what `make openai` runs) on a free loopback port in front of a running tritonserver's
+    gRPC endpoint, serving ``model``. Returns (port, stop)."""
+    from tritonllm.serving.launcher import find_free_ports
 
-    http_port, grpc_port, metrics_port, port = find_free_ports(4)
-    server = TritonServer(http_port, grpc_port, metrics_port, log_path=log_dir / "tritonserver.log").start(timeout=300)
-    log = open(log_dir / "openai_server.log", "w")
+    (port,) = find_free_ports(1)
+    log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "clients.openai_server", "--host", "127.0.0.1", "--port", str(port),
-                             "--triton-url", f"127.0.0.1:{grpc_port}", "--served-model-name", model,
+                             "--triton-url", triton_grpc_url, "--served-model-name", model,
                              "--log-level", "warning"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
     def stop() -> None:
         stop_group(proc, 20)
-        server.stop()
         log.close()
 
     try:
-        wait_models(port, 120, proc, "openai_server")
+        wait_models(port, 120, proc, f"openai_server (log {log_path})")
     except Exception:
         stop()
         raise
+    return port, stop
+
+
+def start_ours(model: str, log_dir: Path):
+    """tritonserver over the rendered repositories (what `make serve` runs) + our OpenAI server in front of it.
+    Returns (port, stop)."""
+    from tritonllm.serving.launcher import TritonServer, find_free_ports
+
+    http_port, grpc_port, metrics_port = find_free_ports(3)
+    server = TritonServer(http_port, grpc_port, metrics_port, log_path=log_dir / "tritonserver.log").start(timeout=300)
+    try:
+        port, stop_front = start_openai_front(model, f"127.0.0.1:{grpc_port}", log_dir / "openai_server.log")
+    except Exception:
+        server.stop()
+        raise
+
+    def stop() -> None:
+        stop_front()
+        server.stop()
+
     return port, stop
 
 

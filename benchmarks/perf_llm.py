@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""LLM serving benchmark: perf_analyzer (gRPC streaming) against `ensemble` and `tensorrt_llm`, then
-genai-perf ``profile --backend tensorrtllm`` against `ensemble`; CSV/JSON + a plot under build/perf/.
+"""LLM serving benchmark: perf_analyzer (gRPC streaming) against `ensemble`, `tensorrt_llm_bls` and `tensorrt_llm`,
+the same prompts through the OpenAI front (clients/openai_server, /v1/completions streamed), then genai-perf
+``profile --backend tensorrtllm`` against `ensemble`; CSV/JSON + a plot under build/perf/.
 
     python benchmarks/perf_llm.py                       # starts its own tritonserver on free ports
     python benchmarks/perf_llm.py --url localhost:8001  # an already running server (gRPC endpoint)
+    python benchmarks/perf_llm.py --gpt-model-path my-hf-folder   # another checkpoint (HF folder or GGUF file)
     python benchmarks/perf_llm.py --concurrency 1,2,4,8 --max-tokens 32 --prompt-tokens 64 --genai-perf skip
 
 What it measures (see perf_report.py): per concurrency, output tokens/s, requests/s, TTFT and inter-token
 latency p50/p95/p99. Every request generates exactly ``--max-tokens`` tokens (end_id = -1 disables EOS), so
-token counts are exact and the two models are compared on the same work. Prompts are about
+token counts are exact and the models are compared on the same work. Prompts are about
 ``--prompt-tokens`` tokens of a fixed text, each request's its own (a numbered head: no prefix-cache hits
-between requests, see ``Prompts``); `ensemble` gets the text, `tensorrt_llm` the ids preprocessing makes of
-it. ``--rounds`` interleaves the models (ensemble, tensorrt_llm, ensemble, ...) and the ratios of the two
-are printed: compare models within one invocation, not absolute figures across machines or runs.
+between requests, see ``Prompts``); `ensemble`, the BLS and the OpenAI front get the text, `tensorrt_llm` the
+ids preprocessing makes of it. The tokenizer is read as the server reads it (``model_files``: a folder or a GGUF
+file); genai-perf, which reads folders only, gets a GGUF's converted tokenizer folder from the server's cache.
+``--rounds`` interleaves the models (ensemble, tensorrt_llm_bls, tensorrt_llm, openai, ensemble, ...) and each
+one's ratio to `tensorrt_llm` is printed: compare models within one invocation, not absolute figures across
+machines or runs.
 
 Needs: perf_analyzer from the tritonclient wheel. It links libcudart and libb64 even on CPU: the CUDA
 runtime comes from the ``nvidia-cuda-runtime-cu12`` wheel (the ``bench`` extra), libb64 from the system or,
@@ -23,6 +28,7 @@ needed); both go on LD_LIBRARY_PATH. genai-perf lives in its own virtualenv (``-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -35,7 +41,10 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from tritonllm.model_files import hf_folder, is_gguf
+
 from clients.triton_llm import default_tokenizer_dir
+from openai_load import start_openai_front
 from perf_report import experiment_metrics, genai_perf_row, perf_analyzer_experiments, plot, ratios, write_summary
 
 TEXT = ("The lighthouse keeper climbed the stairs every evening, counting the steps as his father had taught "
@@ -110,9 +119,9 @@ class Prompts:
     (specials included), so both models do the same work."""
 
     def __init__(self, tokenizer_dir: Path, prompt_tokens: int, max_tokens: int, out_dir: Path):
-        from transformers import AutoTokenizer
+        from tritonllm.model_files import load_hf_tokenizer  # what the server reads: a folder or a GGUF file
 
-        self.tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=False)
+        self.tok = load_hf_tokenizer(tokenizer_dir)
         self.base = self.tok(TEXT * 8, add_special_tokens=False).input_ids
         self.prompt_tokens, self.max_tokens, self.out_dir = prompt_tokens, max_tokens, out_dir
         self.used = 0
@@ -123,11 +132,17 @@ class Prompts:
         offset = (7 * i) % max(1, len(self.base) - self.prompt_tokens)
         return self.tok.decode(head + self.base[offset:offset + max(1, self.prompt_tokens - len(head))])
 
-    def file(self, model: str, name: str, n: int) -> Path:
-        """A --input-data file of ``n`` prompts never used before in this invocation."""
+    def take(self, n: int) -> list[str]:
+        """``n`` prompts never used before in this invocation."""
         texts = [self._text(self.used + i) for i in range(n)]
         self.used += n
-        if model == "ensemble":
+        return texts
+
+    def file(self, model: str, name: str, n: int) -> Path:
+        """A --input-data file of ``n`` prompts never used before in this invocation: text for the models that
+        take NVIDIA's text inputs (``ensemble``, ``tensorrt_llm_bls``), token ids for ``tensorrt_llm``."""
+        texts = self.take(n)
+        if model in TEXT_MODELS:
             data = [{"text_input": [t], "max_tokens": [self.max_tokens], "stream": [True], "end_id": [-1]}
                     for t in texts]
         else:
@@ -140,6 +155,8 @@ class Prompts:
 
 
 ATTEMPTS = 3
+TEXT_MODELS = ("ensemble", "tensorrt_llm_bls")
+OPENAI = "openai"  # the OpenAI front (clients/openai_server over the same server's gRPC port), /v1/completions
 
 
 def _perf_analyzer_once(env, url: str, model: str, inputs: Callable[[], Path], c: int, n: int, export: Path,
@@ -182,11 +199,13 @@ def _perf_analyzer_once(env, url: str, model: str, inputs: Callable[[], Path], c
 
 
 def run_perf_analyzer(env, url: str, models: list[str], prompts: Prompts, concurrency: list[int],
-                      requests: int, rounds: int, out_dir: Path, timeout_s: int) -> list[dict]:
-    """Per level, ``rounds`` rounds of every model in turn (ensemble, tensorrt_llm, ensemble, ...), each
-    round its own perf_analyzer run and export (small exports are cut short less often); a model's
-    rounds merge into one row. Interleaving puts the models side by side in
-    time, so drift of a shared machine falls on both."""
+                      requests: int, rounds: int, out_dir: Path, timeout_s: int,
+                      openai: tuple[int, str] | None = None) -> list[dict]:
+    """Per level, ``rounds`` rounds of every model in turn (ensemble, tensorrt_llm_bls, tensorrt_llm, openai,
+    ensemble, ...), each round its own perf_analyzer run and export (small exports are cut short less often), or
+    for ``openai`` the same prompts streamed through the front at ``openai`` (port, model name); a model's rounds
+    merge into one row. Interleaving puts the models side by side in time, so drift of a shared machine falls
+    on all."""
     rows = []
     for c in concurrency:
         experiments: dict[str, list[dict]] = {m: [] for m in models}
@@ -196,8 +215,11 @@ def run_perf_analyzer(env, url: str, models: list[str], prompts: Prompts, concur
                 name = f"{model}_c{c}" + (f"_r{i + 1}" if rounds > 1 else "")
                 n = max(requests, 2 * c)
                 t0 = time.monotonic()
-                got = _perf_analyzer_once(env, url, model, lambda: prompts.file(model, name, n), c, n,
-                                          out_dir / f"pa_{name}.json", out_dir / f"pa_{name}.log", timeout_s)
+                if model == OPENAI:
+                    got = openai_experiment(openai, prompts.take(n), prompts.max_tokens, c)
+                else:
+                    got = _perf_analyzer_once(env, url, model, lambda: prompts.file(model, name, n), c, n,
+                                              out_dir / f"pa_{name}.json", out_dir / f"pa_{name}.log", timeout_s)
                 if got is None:  # the other rounds still measure this level
                     continue
                 experiments[model] += got
@@ -209,9 +231,28 @@ def run_perf_analyzer(env, url: str, models: list[str], prompts: Prompts, concur
             if not experiments[model]:
                 raise SystemExit(f"perf_analyzer left no readable export for {model} at concurrency {c} in "
                                  f"{rounds} round(s) of {ATTEMPTS} attempts; logs: {out_dir}/pa_{model}_c{c}*.log")
-            rows.append({"source": "perf_analyzer", "model": model,
+            rows.append({"source": "openai client" if model == OPENAI else "perf_analyzer", "model": model,
                          **experiment_metrics(experiments[model], prompts.max_tokens)})
     return rows
+
+
+def openai_experiment(front: tuple[int, str], texts: list[str], max_tokens: int, c: int) -> list[dict]:
+    """The prompts streamed through the OpenAI front (/v1/completions, greedy, ``ignore_eos`` with ``min_tokens =
+    max_tokens``: the same work as end_id = -1), ``c`` at a time, as one experiment in perf_analyzer's export shape
+    (send and response stamps in ns; one stamp per chunk with text), so perf_report measures it the same way."""
+    import concurrent.futures as cf
+
+    from openai_load import stream_one
+
+    port, model = front
+    with cf.ThreadPoolExecutor(c) as pool:
+        done = list(pool.map(lambda t: stream_one(port, model, t, max_tokens), texts))
+    short = sorted({r["tokens"] for r in done if r["tokens"] != max_tokens})
+    if short:
+        raise RuntimeError(f"the OpenAI front generated {short} tokens, not {max_tokens}: the comparison needs equal work")
+    return [{"experiment": {"mode": "concurrency", "value": c},
+             "requests": [{"timestamp": int(r["sent"] * 1e9), "response_timestamps": [int(t * 1e9) for t in r["stamps"]]}
+                          for r in done]}]
 
 
 def run_genai_perf(genai_bin: Path, pa_env: dict, url: str, tokenizer_dir: Path, concurrency: list[int],
@@ -251,77 +292,95 @@ def parse_levels(text: str) -> list[int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="gRPC host:port of a running server (default: start one on free ports)")
-    p.add_argument("--models", default="ensemble,tensorrt_llm", help="comma list for perf_analyzer")
-    p.add_argument("--concurrency", default="1,2,4,8", help="levels: 1,2,4,8 or start:end[:step]")
+    p.add_argument("--models", default=f"ensemble,tensorrt_llm_bls,tensorrt_llm,{OPENAI}",
+                   help=f"comma list: Triton models for perf_analyzer, and {OPENAI} (the OpenAI front, started here "
+                        "over the same server)")
+    p.add_argument("--concurrency", default="1,8,16", help="levels: 1,8,16 or start:end[:step]")
     p.add_argument("--requests", type=int, default=32, help="requests per level and round (>= 2 x concurrency)")
     p.add_argument("--rounds", type=int, default=4,
                    help="rounds per level, the models interleaved (each round its own perf_analyzer run)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--tokenizer-dir", type=Path, default=default_tokenizer_dir())
+    p.add_argument("--tokenizer-dir", type=Path,
+                   help="a tokenizer folder or GGUF file (default: the checkpoint's when --gpt-model-path is given, "
+                        "else deployment.yaml's llm.tokenizer_dir, what the server reads)")
     p.add_argument("--gpt-model-path", type=Path,
-                   help="serve this checkpoint instead of deployment.yaml's, e.g. build/models/bench (the 124.7M "
-                        "Llama of bench_model.py; a checkpoint without tokenizer.json gets the made-up BPE "
-                        "tokenizer of benchmarks/peers over its vocabulary, which also replaces --tokenizer-dir)")
+                   help="serve this checkpoint instead of deployment.yaml's: an HF folder, a GGUF file, or "
+                        "build/models/bench (the 124.7M Llama of bench_model.py: a folder without tokenizer.json gets "
+                        "the made-up BPE tokenizer of benchmarks/peers over its vocabulary)")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "perf")
     p.add_argument("--genai-perf", choices=("auto", "skip", "require"), default="auto",
                    help="auto: run it when --genai-venv has it")
     p.add_argument("--genai-venv", type=Path, default=ROOT / "build" / "perf" / "genai-venv")
-    p.add_argument("--genai-concurrency", default="1,4")
+    p.add_argument("--genai-concurrency", default="1,8")
     p.add_argument("--timeout", type=int, default=900, help="seconds per perf_analyzer / genai-perf run")
     args = p.parse_args(argv)
 
     env = perf_analyzer_env()
     levels = parse_levels(args.concurrency)
+    models = [m for m in args.models.split(",") if m]
     # Absolute: genai-perf runs with the output folder as its working directory.
-    out, args.tokenizer_dir, args.genai_venv = args.out.resolve(), args.tokenizer_dir.resolve(), args.genai_venv.resolve()
-    if args.gpt_model_path is not None and not (args.gpt_model_path / "tokenizer.json").exists():
-        from peers.setup_envs import model_with_tokenizer  # the bench model: a made-up BPE over its ids
+    out, args.genai_venv = args.out.resolve(), args.genai_venv.resolve()
+    if args.gpt_model_path is not None:
+        args.gpt_model_path = args.gpt_model_path.resolve()
+        if not is_gguf(args.gpt_model_path) and not (args.gpt_model_path / "tokenizer.json").exists():
+            from peers.setup_envs import model_with_tokenizer  # the bench model: a made-up BPE over its ids
 
-        args.gpt_model_path = args.tokenizer_dir = Path(model_with_tokenizer(str(args.gpt_model_path.resolve())))
-    prompts = Prompts(args.tokenizer_dir, args.prompt_tokens, args.max_tokens, out)
+            args.gpt_model_path = args.tokenizer_dir = Path(model_with_tokenizer(str(args.gpt_model_path)))
+    tokenizer = (args.tokenizer_dir or args.gpt_model_path or default_tokenizer_dir()).resolve()
+    prompts = Prompts(tokenizer, args.prompt_tokens, args.max_tokens, out)
     genai_bin = args.genai_venv / "bin" / "genai-perf"
     if args.genai_perf == "require" and not genai_bin.exists():
         raise SystemExit(f"{genai_bin} not found: make perf creates it (or --genai-perf skip)")
 
-    server, repos = None, None
-    url = args.url
-    if url is None:
-        from tritonllm.serving.launcher import TritonServer, find_free_ports
-
-        if args.gpt_model_path is not None:  # a throwaway repository: the rendered configs, this checkpoint
-            from triton_bench import _repository
-
-            repos = [_repository(str(args.gpt_model_path), "auto", max(levels),
-                                 args.prompt_tokens + args.max_tokens + 64, text=True,
-                                 tokenizer_dir=str(args.tokenizer_dir))]
-        server = TritonServer(*find_free_ports(3), **({"repositories": repos} if repos else {}),
-                              log_path=ROOT / "build" / "logs" / "perf-tritonserver.log")
-        print(f"==> starting tritonserver (log {server.log_path})", flush=True)
-        server.start(timeout=300)
-        url = server.grpc_url
-    try:
-        models = [m for m in args.models.split(",") if m]
-        rows = run_perf_analyzer(env, url, models, prompts, levels, args.requests, args.rounds, out, args.timeout)
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(_own_server(args, tokenizer, max(levels)))
+        openai = None
+        if OPENAI in models:
+            port, stop = start_openai_front(OPENAI, url, out / "openai_server.log")
+            stack.callback(stop)
+            openai = (port, OPENAI)
+        rows = run_perf_analyzer(env, url, models, prompts, levels, args.requests, args.rounds, out, args.timeout,
+                                 openai)
         if args.genai_perf != "skip" and genai_bin.exists():
-            rows += run_genai_perf(genai_bin, env, url, args.tokenizer_dir, parse_levels(args.genai_concurrency),
+            # genai-perf reads tokenizer folders only: a GGUF's is the HF view the server already caches.
+            rows += run_genai_perf(genai_bin, env, url, hf_folder(tokenizer), parse_levels(args.genai_concurrency),
                                    args.prompt_tokens, args.max_tokens, args.requests, out, args.timeout)
         elif args.genai_perf == "auto":
             print(f"==> genai-perf skipped: {genai_bin} not found (make perf creates it)", flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-            for repo in repos or []:
-                shutil.rmtree(repo, ignore_errors=True)
     csv_path, json_path = write_summary(rows, out)
     png = plot(rows, out / "perf.png", f"prompt {args.prompt_tokens} tokens, {args.max_tokens} generated, CPU")
-    if {"ensemble", "tensorrt_llm"} <= set(models):
-        for r in ratios(rows, "ensemble", "tensorrt_llm"):
+    for model in (m for m in models if m != "tensorrt_llm"):
+        for r in ratios(rows, model, "tensorrt_llm"):
             ttft = f"{r['ttft_p50_ratio']:.2f}x" if r["ttft_p50_ratio"] else "n/a"
-            print(f"==> ensemble / tensorrt_llm at concurrency {r['concurrency']}: output tok/s "
+            print(f"==> {model} / tensorrt_llm at concurrency {r['concurrency']}: output tok/s "
                   f"{r['tok_s_ratio']:.2f}x, TTFT p50 {ttft}", flush=True)
     print(f"==> {csv_path}\n==> {json_path}\n==> {png}")
     return 0
+
+
+@contextlib.contextmanager
+def _own_server(args, tokenizer: Path, batch: int):
+    """A tritonserver on free ports over the rendered repository (or, with --gpt-model-path, a throwaway one serving
+    that checkpoint); yields its gRPC url and stops it afterwards."""
+    from tritonllm.serving.launcher import TritonServer, find_free_ports
+
+    repos = []
+    if args.gpt_model_path is not None:
+        from triton_bench import _repository
+
+        repos = [_repository(str(args.gpt_model_path), "auto", batch, args.prompt_tokens + args.max_tokens + 64,
+                             text=True, tokenizer_dir=str(tokenizer))]
+    server = TritonServer(*find_free_ports(3), **({"repositories": repos} if repos else {}),
+                          log_path=ROOT / "build" / "logs" / "perf-tritonserver.log")
+    print(f"==> starting tritonserver (log {server.log_path})", flush=True)
+    try:
+        server.start(timeout=300)
+        yield server.grpc_url
+    finally:
+        server.stop()
+        for repo in repos:
+            shutil.rmtree(repo, ignore_errors=True)
 
 
 if __name__ == "__main__":

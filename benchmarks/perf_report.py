@@ -102,8 +102,9 @@ def _salvaged(text: str) -> list[dict]:
 
 def ratios(rows: list[dict], model: str, base: str) -> list[dict]:
     """Per concurrency level measured for both: model / base output tok/s and TTFT p50 (same invocation,
-    same server: the comparison that survives a noisy machine)."""
-    by = {(r["model"], r["concurrency"]): r for r in rows if r["source"] == "perf_analyzer"}
+    same server: the comparison that survives a noisy machine). Rows measured from stamps (perf_analyzer's
+    exports, the OpenAI client's), not genai-perf's own statistics."""
+    by = {(r["model"], r["concurrency"]): r for r in rows if r["source"] != "genai-perf"}
     out = []
     for (m, c), r in sorted(by.items(), key=lambda kv: kv[0][1]):
         b = by.get((base, c))

@@ -1,40 +1,49 @@
-"""`make perf`'s script end to end, tiny: perf_analyzer (gRPC streaming, input-data JSON) at concurrency 1
-against `ensemble` and `tensorrt_llm` on the real server, plus genai-perf when its virtualenv exists
-(`make perf` creates build/perf/genai-venv). Marked slow: run with --run-slow."""
+"""`make perf` end to end, tiny, as the README runs it: its own tritonserver over the default deployment (the real
+default model, from its GGUF), perf_analyzer (gRPC streaming, input-data JSON) against `ensemble`,
+`tensorrt_llm_bls` and `tensorrt_llm`, the OpenAI front over the same server, and genai-perf `--backend tensorrtllm`
+from the virtualenv `make perf` creates. The summary it writes is checked row by row. A user's HF folder is
+`test_own_checkpoint.py`'s (the same script against a server of that folder)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-GENAI = ROOT / "build" / "perf" / "genai-venv" / "bin" / "genai-perf"
+MODELS = ("ensemble", "tensorrt_llm_bls", "tensorrt_llm", "openai")
 
 
-@pytest.mark.slow
-def test_perf_llm_smoke(triton_server, tmp_path):
-    max_tokens = 8
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "perf_llm.py"), "--url", triton_server.grpc_url,
-           "--concurrency", "1", "--requests", "3", "--rounds", "1", "--max-tokens", str(max_tokens),
-           "--prompt-tokens", "16",
-           "--genai-concurrency", "1", "--genai-perf", "auto" if GENAI.exists() else "skip", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads((tmp_path / "summary.json").read_text())
-    pa = {r["model"]: r for r in rows if r["source"] == "perf_analyzer"}
-    assert set(pa) == {"ensemble", "tensorrt_llm"}
-    for r in pa.values():
-        assert r["concurrency"] == 1 and r["requests"] == 3
-        assert r["output_tokens_per_s"] > 0 and 0 < r["ttft_p50_ms"] <= r["latency_p50_ms"]
-        assert r["itl_p50_ms"] > 0
-    # end_id = -1: every request streamed exactly max_tokens responses of one token each.
-    export = json.loads((tmp_path / "pa_tensorrt_llm_c1.json").read_text())
-    assert all(len(q["response_timestamps"]) >= max_tokens for q in export["experiments"][0]["requests"])
-    if GENAI.exists():
-        genai = [r for r in rows if r["source"] == "genai-perf"]
-        assert genai and genai[0]["output_tokens_per_s"] > 0 and genai[0]["ttft_p50_ms"] > 0
-    assert (tmp_path / "summary.csv").read_text().startswith("source,model,concurrency")
-    assert (tmp_path / "perf.png").stat().st_size > 10_000
+def check_summary(out: Path, max_tokens: int, requests: int, genai: bool) -> list[dict]:
+    """Every model's row is there, measured (non-zero throughput, ordered latencies), none an error; the files
+    `make perf` names are written."""
+    rows = json.loads((out / "summary.json").read_text())
+    measured = {r["model"]: r for r in rows if r["source"] != "genai-perf"}
+    assert set(measured) == set(MODELS), rows
+    for r in measured.values():
+        assert r["concurrency"] == 1 and r["requests"] == requests, r
+        assert r["output_tokens_per_s"] > 0 and r["request_throughput_per_s"] > 0, r
+        assert 0 < r["ttft_p50_ms"] <= r["latency_p50_ms"] and r["itl_p50_ms"] > 0, r
+    # end_id = -1 (ignore_eos for the OpenAI front): every request streamed exactly max_tokens one-token responses.
+    export = json.loads((out / "pa_tensorrt_llm_c1.json").read_text())
+    assert all(len(q["response_timestamps"]) == max_tokens for q in export["experiments"][0]["requests"])
+    genai_rows = [r for r in rows if r["source"] == "genai-perf"]
+    if genai:
+        assert [r["model"] for r in genai_rows] == ["ensemble"], genai_rows
+        assert genai_rows[0]["output_tokens_per_s"] > 0 and genai_rows[0]["ttft_p50_ms"] > 0, genai_rows
+    assert (out / "summary.csv").read_text().startswith("source,model,concurrency")
+    assert (out / "perf.png").stat().st_size > 10_000
+    return rows
+
+
+def test_make_perf_on_the_default_model(built_repository, tmp_path):
+    max_tokens, requests = 6, 3
+    args = (f"--concurrency 1 --requests {requests} --rounds 1 --max-tokens {max_tokens} --prompt-tokens 16 "
+            f"--genai-concurrency 1 --genai-perf require --out {tmp_path}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}  # not this make's -j / flags
+    proc = subprocess.run(["make", "--no-print-directory", "perf", f"PERF_ARGS={args}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    check_summary(tmp_path, max_tokens, requests, genai=True)
+    for model in MODELS[:2] + MODELS[3:]:  # each one's ratio to tensorrt_llm is printed
+        assert f"==> {model} / tensorrt_llm at concurrency 1: output tok/s" in proc.stdout, proc.stdout[-3000:]
