@@ -26,6 +26,7 @@ No mocks: the fixture is the server the README tells people to run.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -47,6 +48,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test, skipped unless --run-slow")
+    # Run in the background by a non-interactive shell (CI), pytest inherits SIGINT ignored, and every process it
+    # starts would too (an ignored signal survives exec): tests that stop a server with Ctrl-C would wait in vain.
+    # A handled signal is reset to its default at exec, so handling it here gives every child the default.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _watchdog_events() -> int:

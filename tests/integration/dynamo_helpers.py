@@ -70,8 +70,11 @@ class Cluster:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
     def listening(self) -> list[str]:
-        """Listening sockets (`ss` lines) of every process in the cluster's group."""
-        group = subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        """Listening sockets (`ss` lines) of the launcher and every process it started (each child in its own group)."""
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        group = [str(p.pid) for p in [root, *root.children(recursive=True)]]
         out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
         return [line for line in out.splitlines() if any(f"pid={p}," in line for p in group)]
 

@@ -1,17 +1,26 @@
 """The launcher against the real tritonserver, on throwaway repositories (not the project's models).
 
 A trivial Python model must come up READY and answer; stop() must drain and exit 0; a model whose
-model.py cannot be imported must make start() fail with a message naming that model.
+model.py cannot be imported must make start() fail with a message naming that model; a port taken is named with the
+process holding it; a launcher killed outright leaves no server behind.
 """
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
 from tritonllm.serving.launcher import ServerStartError, TritonServer, find_free_ports
+from tritonllm.serving.orphans import port_holders
 
 CONFIG = """
 name: "{name}"
@@ -97,7 +106,91 @@ def test_a_port_in_use_is_named_with_how_to_choose_another(tmp_path):
             server.start(timeout=120)
     finally:
         taken.close()
-    first = str(err.value).splitlines()[1]
-    assert first.startswith(f"port {server.grpc_port} is already in use"), str(err.value)
+    first = next(line for line in str(err.value).splitlines() if line.startswith("port "))
+    assert first.startswith(f"port {server.grpc_port} is already in use, held by pid {os.getpid()} ("), str(err.value)
     assert "GRPC_PORT=" in first and "--grpc-port" in first
     assert "did not become ready" not in str(err.value)
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.getpgid(int(proc.name)) == pgid:
+                pids.append(int(proc.name))
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+def _launcher(tmp_path, repo, ports, log):
+    """`make serve`'s process, over a throwaway repository; SIGINT at its default disposition whatever ours is."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tritonllm.serving.launcher", "--http-port", str(ports[0]), "--grpc-port",
+         str(ports[1]), "--metrics-port", str(ports[2]), "--model-repository", str(repo), "--repo-root", str(tmp_path),
+         "--log-path", str(log), "--exit-timeout", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _wait_ready(launcher, log):
+    lines = []
+    for line in launcher.stdout:  # READY is printed once every model is up; EOF if the launcher died
+        lines.append(line)
+        if "tritonserver READY" in line:
+            return
+    raise AssertionError("".join(lines[-40:]) + (log.read_text() if log.exists() else ""))
+
+
+def test_a_killed_launcher_takes_its_server_and_stubs_with_it(tmp_path):
+    """SIGKILL runs no handler of the launcher's: its guard stops tritonserver and the stubs within 5 s, ports freed.
+    Then the ports held by a server of ours that outlived its launcher are refused by name and pid."""
+    repo = tmp_path / "models"
+    _model(repo, "double", DOUBLE)
+    ports = find_free_ports(3)
+    launcher = _launcher(tmp_path, repo, ports, tmp_path / "server.log")
+    server_pid = None
+    try:
+        _wait_ready(launcher, tmp_path / "server.log")
+        server_pid = next(pid for pid, cmd in port_holders(ports[0]) if "tritonserver" in cmd)
+        stubs = [pid for pid in _group_pids(server_pid) if pid != server_pid]
+        assert stubs, "the double model's Python stub runs in the server's group"
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (_group_pids(server_pid) or not all(map(_port_free, ports))):
+            time.sleep(0.1)
+        assert _group_pids(server_pid) == [], "tritonserver or a stub outlived its launcher by 5 s"
+        assert all(map(_port_free, ports)), ports
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.stdout.close()
+        if server_pid is not None and _group_pids(server_pid):  # the test failed: leave nothing behind
+            os.killpg(server_pid, signal.SIGKILL)
+
+
+def test_a_server_left_holding_the_ports_is_named(tmp_path):
+    """A tritonserver that is not the launcher's child (an orphan of an older launcher, here started bare) holds the
+    HTTP port: the launcher exits non-zero, naming the port, the pid, and how to stop it."""
+    repo = tmp_path / "models"
+    _model(repo, "double", DOUBLE)
+    orphan = _server(tmp_path, repo).start(timeout=120)
+    try:
+        launcher = _launcher(tmp_path, repo, (orphan.http_port, *find_free_ports(2)), tmp_path / "second.log")
+        out, _ = launcher.communicate(timeout=120)
+        assert launcher.returncode != 0, out
+        assert (f"port {orphan.http_port} is already in use, held by pid {orphan.process.pid} (" in out and
+                f"a server of ours left running; `kill {orphan.process.pid}` stops it" in out), out
+    finally:
+        orphan.stop()

@@ -43,7 +43,7 @@ NOT_RUN = {
     ("OpenAI-compatible API", 0): "servers only: `make serve` and `make openai`, started here",
     ("Tests", 0): "`make test` is what runs this test",
     ("Benchmarks: perf_analyzer and genai-perf", 0): "minutes of load: tests/integration/test_perf_llm.py runs "
-                                                     "benchmarks/perf_llm.py, what `make perf` runs",
+                                                     "`make perf` end to end on a tiny budget",
 }
 
 
@@ -96,8 +96,11 @@ class Servers:
             return
         self.stop(kind)
         log = self.logs / f"{kind}-{len(list(self.logs.iterdir()))}.log"
+        # A terminal's shell runs a command with SIGINT at its default; ours may have inherited it ignored (a
+        # background job of a non-interactive shell), and make and the launcher would then never see Ctrl-C.
         proc = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.running[kind] = (command, proc)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not _ready(self.READY[kind]):

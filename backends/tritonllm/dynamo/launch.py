@@ -15,6 +15,8 @@ Invariants:
 - Ctrl-C or SIGTERM (to this process or its process group) stops every child: SIGTERM first (Dynamo
   workers drain), SIGKILL after ``--grace`` seconds. A child that dies on its own is reported; the
   frontend keeps serving on the other workers (``--exit-on-worker-death`` stops everything instead).
+- Each child runs in a process group of its own, registered with this process's guard (``serving/orphans``):
+  a launcher killed outright (SIGKILL) still takes every child, and what they started, with it.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from ..serving.discovery import find_free_ports
+from ..serving.orphans import LIFELINE
 from .broker import broker_url
 from .disagg import LOOPBACK_UCX
 
@@ -113,17 +116,34 @@ def wait_ready(port: int, procs: list[subprocess.Popen], timeout: float, worker_
     raise TimeoutError(f"the frontend did not list a model within {timeout:.0f} s")
 
 
+def spawn(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """A child in a process group of its own (so stop() reaches whatever it starts), registered with this process's
+    guard: should the launcher be killed outright, the guard stops the group (serving/orphans.py)."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    LIFELINE.add(proc.pid)
+    return proc
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def stop(procs: list[subprocess.Popen], grace: float) -> None:
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+            _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in procs:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+            pass
+        _signal_group(p, signal.SIGKILL)  # the child and anything it started
+        p.wait(5)
+        LIFELINE.remove(p.pid)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,16 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         broker_log = open(Path(args.log_dir) / f"dynamo-broker-{args.port}.log", "w")
-        procs.append(subprocess.Popen([dynamo_python(), "-m", "tritonllm.dynamo.broker", "--xsub-port", str(xsub),
-                                       "--xpub-port", str(xpub)], env=env, cwd=REPO, stdout=broker_log,
-                                      stderr=subprocess.STDOUT))
+        procs.append(spawn([dynamo_python(), "-m", "tritonllm.dynamo.broker", "--xsub-port", str(xsub),
+                            "--xpub-port", str(xpub)], env=env, cwd=REPO, stdout=broker_log, stderr=subprocess.STDOUT))
         worker_logs = []
         for i, cmd in enumerate(cmds[1:] + cmds[:1]):  # workers first: the frontend finds them at once
             name = "frontend" if cmd is cmds[0] else f"prefill{i - args.replicas}" if i >= args.replicas else f"worker{i}"
             path = Path(args.log_dir) / f"dynamo-{name}-{args.port}.log"
             worker_logs += [] if cmd is cmds[0] else [path]
             log = open(path, "w")
-            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(spawn(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
         model = wait_ready(args.port, procs, args.ready_timeout, worker_logs)
         pids = " ".join(str(p.pid) for p in procs[1:-1])
         roles = (f"{args.replicas} decode + {args.prefill_workers} prefill worker(s)" if args.prefill_workers

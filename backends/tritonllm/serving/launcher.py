@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from tritonllm.serving.discovery import REPO_ROOT, assemble_backends, find_free_ports, find_tritonserver, server_env
-from tritonllm.serving.server_log import describe_failure, failed_models, failure_summary
+from tritonllm.serving.orphans import LIFELINE, listening
+from tritonllm.serving.server_log import describe_failure, failed_models, failure_summary, port_in_use
 from tritonllm.serving.watchdog import StubWatchdog
 
 __all__ = ["TritonServer", "ServerStartError", "find_free_ports", "find_tritonserver", "failed_models", "main"]
@@ -133,6 +134,11 @@ class TritonServer:
     def launch(self, stdout=None) -> subprocess.Popen:
         """Start the process without waiting. ``stdout`` defaults to the log file (appended to after a
         restart); with ``echo`` the output also goes to our stdout."""
+        # A port already listened on would be taken by Triton's endpoint, and worse, readiness would be read from
+        # whoever holds it (a server of ours left running answers /v2/health/ready): refuse, naming the holder.
+        taken = [port for port in self.port_options() if listening(port)]
+        if taken:
+            raise ServerStartError("\n".join(port_in_use(port, self.port_options()) for port in taken))
         backend_dir = assemble_backends(self.binary, self.repo_root)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._launches += 1
@@ -146,7 +152,9 @@ class TritonServer:
         )
         if self.echo and stdout is subprocess.PIPE:
             threading.Thread(target=_pump, args=(self.process.stdout, self._log_file), daemon=True).start()
-        # The server lives in its own session, so a crashing caller would orphan it: stop it at exit.
+        # The server lives in its own session, so a crashing caller would orphan it: stop it at exit, and should
+        # the caller die without running exit handlers (SIGKILL), its guard stops the group (orphans.Lifeline).
+        LIFELINE.add(self.process.pid)
         if self._launches == 1:
             atexit.register(self.stop)
         return self.process
@@ -246,6 +254,7 @@ class TritonServer:
         except (ProcessLookupError, PermissionError):
             pass
         code = proc.wait()
+        LIFELINE.remove(proc.pid)
         if proc.stdout is not None:
             time.sleep(0.2)  # let the pump copy the last lines
         if self._log_file is not None:
@@ -282,7 +291,11 @@ def serve_foreground(server: TritonServer, timeout: float) -> int:
     ready = threading.Event()
     code = None
     try:
-        server.launch()
+        try:
+            server.launch()
+        except ServerStartError as e:
+            print(f"\n{e}", file=sys.stderr, flush=True)
+            return 1
         deadline = time.monotonic() + timeout
         while server.process is not None and server.process.poll() is None and time.monotonic() < deadline:
             if server.is_ready():
@@ -378,8 +391,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     )
     print(f"tritonserver: {server.binary}\nlog: {server.log_path}\n$ {' '.join(server.command(Path('build/backends')))}",
           flush=True)
-    # SIGTERM (e.g. from `timeout` or a container runtime) is treated like Ctrl-C so the server drains.
+    # SIGTERM (e.g. from `timeout` or a container runtime) is treated like Ctrl-C so the server drains. SIGINT gets
+    # Python's handler even when our parent ignored it (a job started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then leaves it so): Ctrl-C or `kill -INT` always stops the server.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     return serve_foreground(server, args.ready_timeout)
 
 

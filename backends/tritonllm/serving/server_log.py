@@ -39,15 +39,21 @@ def ports_in_use(log_text: str) -> list[int]:
     return list(dict.fromkeys(int(p) for p in _PORT_IN_USE.findall(log_text)))
 
 
+def port_in_use(port: int, port_options: dict[int, str] | None = None) -> str:
+    """One line: ``port`` is taken, by whom (the processes listening there now), and how to choose another."""
+    from tritonllm.serving.orphans import describe_holders  # reads /proc
+
+    held = describe_holders(port) or f" (another server listens there: `ss -ltnp | grep :{port}` shows it)"
+    return (f"port {port} is already in use{held}; stop it or choose another port"
+            + (f": {port_options[port]}" if port_options and port in port_options else ""))
+
+
 def failure_summary(log_text: str, port_options: dict[int, str] | None = None) -> str:
     """What kept tritonserver from becoming ready, in a line each: a port already in use (with
     ``port_options[port]``, how to choose another), or the models that failed to load and their reasons."""
     taken = ports_in_use(log_text)
     if taken:
-        return "\n".join(
-            f"port {p} is already in use (another server listens there: `ss -ltnp | grep :{p}` shows it); stop it "
-            f"or choose another port" + (f": {port_options[p]}" if port_options and p in port_options else "")
-            for p in taken)
+        return "\n".join(port_in_use(p, port_options) for p in taken)
     failed = failed_models(log_text)
     if not failed:
         return "tritonserver did not become ready (no model reported a load failure)"
