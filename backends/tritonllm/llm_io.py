@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from . import contract as C
-from .engine.lora_loader import LoraSource
 from .engine.request import InvalidRequest, RequestMetrics, SamplingParams
+
+if TYPE_CHECKING:  # lora_loader imports torch: the text steps import this module and need none
+    from .engine.lora_loader import LoraSource
 
 # SamplingParams field <- tensorrt_llm scalar input, conversion: one row each (an input not sent keeps the
 # field's default, which SamplingParams holds: TensorRT-LLM's).
@@ -221,7 +223,12 @@ def _parse_row(arrays: dict[str, np.ndarray], default_exclude_input: bool, timeo
         raise InvalidRequest(f"num_return_sequences must be in [1, {C.MAX_RETURN_SEQUENCES}], got {nret}")
     lora_source = _lora_source(arrays)
     bias = arrays.get("embedding_bias")
-    bias = torch.from_numpy(np.array(bias, dtype=np.float32).reshape(-1)) if bias is not None and bias.size else None
+    if bias is not None and bias.size:
+        import torch  # only here: the text steps import this module and need no torch
+
+        bias = torch.from_numpy(np.array(bias, dtype=np.float32).reshape(-1))
+    else:
+        bias = None
     for flag in ("return_context_logits", "return_generation_logits"):
         if _scalar(arrays, flag, False):
             raise InvalidRequest(f"{flag} is not supported by this engine")
@@ -271,6 +278,8 @@ def _lora_source(arrays: dict[str, np.ndarray]) -> LoraSource | None:
                else t for t in tensors]
     if path is None and all(t is None for t in tensors):
         return None
+    from .engine.lora_loader import LoraSource  # torch through lora.py: the engine's side only
+
     return LoraSource(path, *tensors)
 
 

@@ -50,11 +50,45 @@ def _cache_dir(path: Path) -> Path:
     return cache_root() / "gguf-tokenizers" / f"{path.stem}-{key}"
 
 
+def gguf_header(path: str | os.PathLike):
+    """gguf's ``GGUFReader`` over ``path`` (tensors memory-mapped, scalar fields read), without the cost of its
+    per-element parse of array fields: the library makes two numpy views per string of a 49k-token vocabulary and
+    its merges (~4.5 s for SmolLM2's file). Numeric arrays are read as one view each (``contents()`` as the library
+    gives it); arrays of strings (the tokenizer's tokens and merges, which transformers reads itself) are walked for
+    their size and left out of ``fields``: ``reader.fields.get("tokenizer.ggml.tokens")`` is None here."""
+    import struct
+
+    import gguf
+    import numpy as np
+    from gguf.constants import GGUFValueType
+
+    class HeaderReader(gguf.GGUFReader):
+        def _get_field_parts(self, orig_offs, raw_type):
+            if GGUFValueType(raw_type) != GGUFValueType.ARRAY or self.byte_order != "I":
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype, alen = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+            itype, count, offs = GGUFValueType(int(raw_itype[0])), int(alen[0]), orig_offs + 12
+            nptype = self.gguf_scalar_to_np.get(itype)
+            if nptype is not None:
+                values = self._get(offs, nptype, count)
+                return 12 + int(values.nbytes), [raw_itype, alen, values], [2], [GGUFValueType.ARRAY, itype]
+            if itype != GGUFValueType.STRING:  # arrays of arrays: the library's own walk
+                return super()._get_field_parts(orig_offs, raw_type)
+            view, end = memoryview(self.data), offs
+            for _ in range(count):
+                end += 8 + struct.unpack_from("<Q", view, end)[0]
+            return end - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, GGUFValueType.STRING]
+
+    reader = HeaderReader(str(path))
+    reader.skipped = [k for k, f in reader.fields.items() if f.types[:1] == [GGUFValueType.ARRAY] and not f.data]
+    for key in reader.skipped:
+        del reader.fields[key]
+    return reader
+
+
 def gguf_facts(path: str | os.PathLike) -> dict:
     """The few model facts a text step needs without loading weights: context length and end-of-generation ids."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_header(path)
 
     def field(key, default=None):
         f = reader.fields.get(key)
@@ -66,26 +100,46 @@ def gguf_facts(path: str | os.PathLike) -> dict:
             "eog_token_ids": sorted({int(i) for i in eog if i is not None})}
 
 
-def _tokenizer_from_cache(folder: Path) -> Any | None:
-    from transformers import AutoTokenizer
+def _folder_tokenizer(folder: Path) -> Any:
+    """``AutoTokenizer.from_pretrained(folder)`` (local files, no remote code, fast), reached without AutoTokenizer when
+    tokenizer_config.json names its class: AutoTokenizer reads config.json through AutoConfig, whose import pulls in
+    torch (~1 s and ~300 MB in each text step's stub, which needs no torch). The class is resolved as AutoTokenizer
+    resolves a name, from transformers' namespace, its fast form first."""
+    try:
+        name = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    cls = None
+    if isinstance(name, str) and name.isidentifier():
+        import transformers
 
+        cls = getattr(transformers, name.removesuffix("Fast") + "Fast", None) or getattr(transformers, name, None)
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
+                                             use_fast=True)
+    return cls.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+
+
+def _tokenizer_from_cache(folder: Path) -> Any | None:
     if not all((folder / f).is_file() for f in ("tokenizer.json", FACTS, "config.json")) or \
             "architectures" not in json.loads((folder / "config.json").read_text()):
         return None
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+        return _folder_tokenizer(folder)
     except (OSError, ValueError) as e:  # a damaged cache entry is rebuilt
         log.warning("GGUF tokenizer cache %s unreadable (%s): converting again", folder, e)
         return None
 
 
 def _gguf_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
     folder = _cache_dir(path)
     tok = _tokenizer_from_cache(folder)
     if tok is not None:
         return tok
+    from transformers import AutoTokenizer
+
     try:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
                                             trust_remote_code=False)
@@ -123,6 +177,15 @@ def _write_hf_config(path: Path, folder: Path, facts: dict) -> None:
         {"eos_token_id": eog[0] if len(eog) == 1 else eog, "bos_token_id": cfg.bos_token_id}) + "\n")
 
 
+def cached_hf_config(path: str | os.PathLike) -> Path | None:
+    """The config.json of a GGUF file's cache entry (its HF view) when one was written, else None: nothing is made."""
+    config = _cache_dir(Path(os.fspath(path))) / "config.json"
+    try:
+        return config if "architectures" in json.loads(config.read_text()) else None
+    except (OSError, ValueError):
+        return None
+
+
 def hf_folder(path: str | os.PathLike) -> Path:
     """``path`` when it is a folder; for a GGUF file, its cache entry (tokenizer, config.json, generation_config.json;
     no weights), made now if missing."""
@@ -140,13 +203,11 @@ def hf_folder(path: str | os.PathLike) -> Path:
 def load_hf_tokenizer(path: str | os.PathLike) -> Any:
     """A fast HF tokenizer from a tokenizer folder or a GGUF file. FileNotFoundError when the path does not exist,
     ValueError when it holds no fast tokenizer."""
-    from transformers import AutoTokenizer
-
     p = Path(os.fspath(path))
     if is_gguf(p):
         tok = _gguf_tokenizer(p)
     elif p.is_dir():
-        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=False, use_fast=True)
+        tok = _folder_tokenizer(p)
     else:
         raise FileNotFoundError(f"tokenizer not found: {p} (a folder with tokenizer.json, or a .gguf file)")
     if not hasattr(tok, "backend_tokenizer"):

@@ -5,6 +5,7 @@ On the default model's own file (SmolLM2-135M-Instruct's Q4_1 GGUF, linked by `m
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,22 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> Path:
+    """A cache holding the default file's entry, converted once for the tests whose subject is not the conversion."""
+    root = tmp_path_factory.mktemp("converted")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITONLLM_CACHE", str(root))
+        mf.hf_folder(SMOL)
+    return root
+
+
+@pytest.fixture()
+def warm_cache(cache, converted):
+    shutil.copytree(converted, cache)
+    return cache
+
+
 @needs_smol
 def test_the_gguf_tokenizer_is_transformers_conversion_and_is_cached(cache):
     from transformers import AutoTokenizer
@@ -39,7 +56,7 @@ def test_the_gguf_tokenizer_is_transformers_conversion_and_is_cached(cache):
 
 
 @needs_smol
-def test_text_tokenizer_and_context_from_the_gguf(cache):
+def test_text_tokenizer_and_context_from_the_gguf(warm_cache):
     tok = TextTokenizer.from_dir(str(SMOL), chat_mode="auto")
     assert tok.eos_id == 2 and mf.context_length(SMOL) == 8192
     assert tok.max_prompt_bytes is not None and tok.max_prompt_bytes >= 8192
@@ -48,7 +65,7 @@ def test_text_tokenizer_and_context_from_the_gguf(cache):
 
 
 @needs_smol
-def test_the_hf_view_of_a_gguf_reads_as_a_folder(cache):
+def test_the_hf_view_of_a_gguf_reads_as_a_folder(warm_cache):
     folder = mf.hf_folder(SMOL)
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 30
@@ -65,9 +82,9 @@ def test_what_is_a_gguf(tmp_path):
 
 
 @needs_smol
-def test_a_damaged_cache_entry_is_rebuilt(cache):
+def test_a_damaged_cache_entry_is_rebuilt(warm_cache):
     tok = mf.load_hf_tokenizer(SMOL)
-    entry = next((cache / "gguf-tokenizers").iterdir())
+    entry = next((warm_cache / "gguf-tokenizers").iterdir())
     (entry / "tokenizer.json").unlink()
     again = mf.load_hf_tokenizer(SMOL)
     assert (entry / "tokenizer.json").is_file() and len(again) == len(tok) == 49152

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model_files import cached_hf_config, gguf_header
 from .gguf_blocks import UnsupportedTensorError, to_weight
 from .hf_config import ModelSpec, UnsupportedModelError, spec_from_config
 from .models import ARCHITECTURES
@@ -61,25 +62,37 @@ def _field(reader, key: str, default=None):
     return default if f is None else f.contents()
 
 
-def _open(path: str):
-    """The file's ModelSpec, its reader (a memory map), its tensors by GGUF name and its GGUF architecture."""
-    import gguf
+def _hf_config(path: str):
+    """transformers' reading of the file's metadata as a config: from the tokenizer cache's HF view when the file has
+    one (model_files: written by ``AutoConfig.from_pretrained(gguf_file=...)``, the same reading), else parsed now
+    (transformers parses the whole header again, vocabulary included: ~2.5 s for a 49k vocabulary)."""
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    cached = cached_hf_config(path)
+    if cached is not None:
+        cfg = AutoConfig.from_pretrained(str(cached.parent), local_files_only=True, trust_remote_code=False)
+        return cfg.model_type, cfg
     try:
         parsed = load_gguf_checkpoint(path, return_tensors=False)
     except ValueError as e:  # transformers: "GGUF model with architecture X is not supported yet."
         raise UnsupportedModelError(f"{path}: {e}") from e
     config = dict(parsed["config"])
     model_type = config.pop("model_type")
+    if ARCHITECTURE_OF.get(model_type) not in ARCHITECTURES:
+        return model_type, None
+    config.pop("_model_name_or_path", None)
+    return model_type, AutoConfig.for_model(model_type, **config)
+
+
+def _open(path: str):
+    """The file's ModelSpec, its reader (a memory map), its tensors by GGUF name and its GGUF architecture."""
+    model_type, cfg = _hf_config(path)
     name = ARCHITECTURE_OF.get(model_type)
     if name is None or name not in ARCHITECTURES:
         raise UnsupportedModelError(f"{path}: GGUF architecture {model_type!r} is not served; served: "
                                     f"{', '.join(sorted(ARCHITECTURE_OF))} (Mistral files are llama files)")
-    config.pop("_model_name_or_path", None)
-    cfg = AutoConfig.for_model(model_type, **config)
-    reader = gguf.GGUFReader(path)
+    reader = gguf_header(path)
     gguf_arch = _field(reader, "general.architecture")
     tensors = {t.name: t for t in reader.tensors}
     factors = tensors.pop("rope_freqs.weight", None)

@@ -5,9 +5,12 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made or checked: the text steps (the BLS, preprocessing)
+    import torch  # build SamplingParams without it, and torch costs each such stub ~1 s and ~300 MB
 
 
 MAX_TOP_LOGPROBS = 20
@@ -94,6 +97,8 @@ class SamplingParams:
             raise InvalidRequest(f"allotted_time_ms must be >= 1, got {self.allotted_time_ms}")
         b = self.embedding_bias
         if b is not None:
+            import torch
+
             if not isinstance(b, torch.Tensor) or b.dim() != 1 or b.numel() < 1 or not b.is_floating_point():
                 raise InvalidRequest("embedding_bias must be a non-empty 1-D floating-point tensor")
             # numpy, not torch: this runs on the caller's thread, where a torch op over a vocabulary would start a
