@@ -34,7 +34,7 @@ _SOURCES = ("textwrap.py", "fnmatch.py", "bisect.py", "heapq.py", "shlex.py", "g
 
 @dataclass(frozen=True)
 class LoraArgs:
-    steps: int = 150        # ~40 s on 2 cores
+    steps: int = 150        # ~40 s on 2 cores; 0 = untrained, A and B random (the test toy's adapter, seconds)
     seed: int = 0
     rank: int = 8
     alpha: int = 16
@@ -88,8 +88,11 @@ def _train(base: Path, tmp: Path, a: LoraArgs) -> dict:
     before = _greedy(model.eval(), tok, prompt)
     cfg = peft.LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                          "down_proj"])
+                                          "down_proj"], init_lora_weights=a.steps > 0)
     model = peft.get_peft_model(model, cfg)
+    if a.steps == 0:  # untrained: both A and B random (PEFT's default B = 0 would leave the base model unchanged)
+        return _save(model, tok, prompt, before, tmp, a, {"corpus_tokens": 0, "final_loss": None,
+                                                          "train_seconds": 0.0})
     ids = torch.tensor(tok(code_corpus(), add_special_tokens=False).input_ids, dtype=torch.long)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr)
     gen = torch.Generator().manual_seed(a.seed)
@@ -107,11 +110,15 @@ def _train(base: Path, tmp: Path, a: LoraArgs) -> dict:
         if step % 25 == 0 or step == a.steps:
             _log(f"[demo-lora] step {step}/{a.steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f} "
                  f"{time.monotonic() - t0:.0f}s")
+    return _save(model, tok, prompt, before, tmp, a, {
+        "corpus_tokens": len(ids), "final_loss": round(sum(losses[-25:]) / len(losses[-25:]), 4),
+        "train_seconds": round(time.monotonic() - t0, 1)})
+
+
+def _save(model, tok, prompt: str, before: str, tmp: Path, a: LoraArgs, report: dict) -> dict:
     model.eval()
     model.save_pretrained(tmp, safe_serialization=True)
-    report = {"corpus_tokens": len(ids), "final_loss": round(sum(losses[-25:]) / len(losses[-25:]), 4),
-              "train_seconds": round(time.monotonic() - t0, 1),
-              "sample": {"prompt": prompt, "base": before, "adapter": _greedy(model, tok, prompt)},
+    report = {**report, "sample": {"prompt": prompt, "base": before, "adapter": _greedy(model, tok, prompt)},
               "args": asdict(a)}
     (tmp / "build_report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report

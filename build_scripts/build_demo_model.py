@@ -92,6 +92,9 @@ class BuildArgs:
     rope_theta: float = 10000.0
     train_seconds: float = 0.0  # 0 = no wall-clock cap (deterministic)
     corpus_chars: int = 6_000_000  # steps=0 caps it at 400k: random weights need no big tokenizer corpus
+    # Weight init std (transformers' initializer_range). The test toy (random weights) takes a large one: peaked
+    # logits, so greedy never meets a near-tie that two summation orders (batched or not) could break differently.
+    init_std: float = 0.02
 
 
 def _stamp_for(args: BuildArgs) -> str:
@@ -162,7 +165,7 @@ def _llama_config(a: BuildArgs):
         num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
         head_dim=a.hidden // a.heads, max_position_embeddings=a.max_positions,
         rope_theta=a.rope_theta, rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False,
-        attention_bias=False, mlp_bias=False, initializer_range=0.02,
+        attention_bias=False, mlp_bias=False, initializer_range=a.init_std,
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, torch_dtype="float32")
 
 

@@ -1,10 +1,11 @@
-"""The repository as deployment.yaml renders it, with the LLM on the demo toy instead of the default model.
+"""The repository as deployment.yaml renders it, with the LLM on the test toy instead of the default model.
 
-What still needs the toy (docs/engine.md, "The demo toy"): a LoRA adapter trained for its base model (lora_task_id 1,
-`build/models/demo-lora/python`), an AWQ checkpoint quantize.py writes from an HF float folder (profile ``int4``,
-`build/models/demo-int4-awq`), and the serving-mechanics tests that would take the real model minutes to decode
-(tests/conftest.py says which fixture serves what). Everything else is the default deployment: the same renderer,
-configs and adapters; only ``llm.gpt_model_path`` / ``tokenizer_dir``, the adapters and profile int4 change.
+The test toy (build_all.py --toy: the demo toy's shapes, tokenizer and tool-aware chat template, untrained: random
+weights with peaked logits) is what the real model cannot give in seconds: a LoRA adapter made for its base model
+(lora_task_id 1, `build/models/toy-lora/python`, random A and B), an AWQ checkpoint quantize.py writes from an HF
+float folder (profile ``int4``, `build/models/toy-int4-awq`), and a chat template with a tools section. Everything
+else is the default deployment: the same renderer, configs and adapters; only ``llm.gpt_model_path`` /
+``tokenizer_dir``, the adapters and profile int4 change.
 """
 from __future__ import annotations
 
@@ -13,19 +14,19 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "build" / "models" / "demo"
-DEMO_LORA = ROOT / "build" / "models" / "demo-lora" / "python"
-DEMO_INT4 = ROOT / "build" / "models" / "demo-int4-awq"
+TOY = ROOT / "build" / "models" / "toy"
+TOY_LORA = ROOT / "build" / "models" / "toy-lora" / "python"
+TOY_INT4 = ROOT / "build" / "models" / "toy-int4-awq"
 
 
 def toy_deployment() -> dict:
     from render_configs import load_deployment
 
     dep = load_deployment(ROOT / "deployment.yaml")
-    dep["llm"]["gpt_model_path"] = dep["llm"]["tokenizer_dir"] = str(DEMO)  # absolute: kept as is by the renderer
-    dep["models"]["tensorrt_llm"]["parameters"]["lora_adapters"] = {1: str(DEMO_LORA)}
-    dep["models"]["tensorrt_llm"]["parameters"]["lora_root"] = str(DEMO_LORA.parent)  # lora_path "python" is it
-    dep.setdefault("profiles", {})["int4"] = {"model": str(DEMO_INT4), "tokenizer": str(DEMO)}
+    dep["llm"]["gpt_model_path"] = dep["llm"]["tokenizer_dir"] = str(TOY)  # absolute: kept as is by the renderer
+    dep["models"]["tensorrt_llm"]["parameters"]["lora_adapters"] = {1: str(TOY_LORA)}
+    dep["models"]["tensorrt_llm"]["parameters"]["lora_root"] = str(TOY_LORA.parent)  # lora_path "python" is it
+    dep.setdefault("profiles", {})["int4"] = {"model": str(TOY_INT4), "tokenizer": str(TOY)}
     return dep
 
 

@@ -1,6 +1,6 @@
 """Multi-LoRA on the real server: the toy repository (fixture ``toy_server``, tests/toy_repository.py) loads the
-demo toy's adapter (build_demo_lora.py, trained on Python source) as lora_task_id 1 of `tensorrt_llm`: a LoRA
-trained for its base model is what the default model cannot give here without training. The adapter's output equals our engine run in-process with the same
+test toy's adapter (build_demo_lora.py --steps 0: random A and B over the toy's modules) as lora_task_id 1 of
+`tensorrt_llm`. The adapter's output equals our engine run in-process with the same
 adapter (which tests/unit/test_lora.py proves equal to HF with the adapter merged), differs from the base
 model's, reaches the engine through the ensemble and the BLS, and mixes with base requests in one batch.
 The same adapter loaded at run time by lora_path (under the toy's lora_root) answers the same; unknown ids, paths
@@ -23,8 +23,7 @@ from robustness_helpers import wait_idle
 from test_llm_pipeline import generate, http_post
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "build" / "models" / "demo"
-ADAPTER = ROOT / "build" / "models" / "demo-lora" / "python"
+from toy_repository import TOY, TOY_LORA as ADAPTER
 PROMPT_TEXT = "def"
 N = 16
 
@@ -38,8 +37,8 @@ def expected():
 
     from tritonllm.model_files import load_hf_tokenizer
 
-    prompt = load_hf_tokenizer(DEMO)(PROMPT_TEXT).input_ids
-    engine = LLMEngine(str(DEMO), EngineConfig(max_kv_tokens=1024, lora_adapters={1: str(ADAPTER)}))
+    prompt = load_hf_tokenizer(TOY)(PROMPT_TEXT).input_ids
+    engine = LLMEngine(str(TOY), EngineConfig(max_kv_tokens=1024, lora_adapters={1: str(ADAPTER)}))
     out = {}
     for tid in (None, 1):
         engine.add_request(str(tid), prompt, SamplingParams(max_tokens=N, end_id=-1, lora_task_id=tid))
@@ -48,7 +47,7 @@ def expected():
             for o in engine.step():
                 ids.extend(o.new_token_ids)
         out[tid] = ids
-    assert out[None] != out[1], "the demo adapter must change greedy output"
+    assert out[None] != out[1], "the toy adapter must change greedy output"
     return prompt, out
 
 
@@ -75,13 +74,24 @@ def test_adapter_and_base_through_tensorrt_llm(toy_server, expected):
         assert ids == want[tid], f"lora_task_id {tid}"
 
 
-def _iterations(server) -> float:
-    """The engine's step count (NVIDIA's iteration_counter gauge), once the model is idle and the gauge current."""
-    wait_idle(server.metrics_url)
-    time.sleep(0.5)  # the gauge is refreshed every stats_check_period_ms
+def _iteration_gauge(server) -> float:
     text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
     return float(re.search(r'^nv_trt_llm_general_metrics\{[^}]*general_type="iteration_counter"[^}]*'
                            r'model="tensorrt_llm"[^}]*\} (\S+)$', text, re.M).group(1))
+
+
+def _iterations(server) -> float:
+    """The engine's step count (NVIDIA's iteration_counter gauge) once the model is idle and the gauge settled: the
+    same value across a publication period (stats_check_period_ms, ~0.5 s), polled for 30 s at most."""
+    wait_idle(server.metrics_url)
+    deadline, last = time.monotonic() + 30, _iteration_gauge(server)
+    while True:
+        time.sleep(0.6)
+        now = _iteration_gauge(server)
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, "the iteration gauge did not settle within 30 s"
+        last = now
 
 
 def test_mixed_adapters_in_one_batch(toy_server, expected):
@@ -104,7 +114,7 @@ def test_adapter_through_ensemble_and_bls(toy_server, expected):
     from tritonllm.model_files import load_hf_tokenizer
 
     _, want = expected
-    tok = load_hf_tokenizer(DEMO)
+    tok = load_hf_tokenizer(TOY)
     texts = {}
     for model in ("ensemble", "tensorrt_llm_bls"):
         for tid in (None, 1):
@@ -138,7 +148,7 @@ def test_adapter_loaded_at_run_time_by_path(toy_server, expected):
         for extra in ((path("python"),), ()):
             chunks, err = s.run("tensorrt_llm", _with(prompt, 77, *extra))
             assert err is None and [int(t) for c in chunks for t in c["output_ids"].reshape(-1)] == want[1]
-        for bad in ("../demo", str(DEMO), "/etc"):
+        for bad in ("../demo", str(TOY), "/etc"):
             _, err = s.run("tensorrt_llm", _with(prompt, 78, path(bad)))
             assert err is not None and "is not a folder inside lora_root" in str(err), bad
     finally:

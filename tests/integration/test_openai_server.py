@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402
 
 from openai_helpers import client, openai_server, openai_url, sdk_client, tokenizer  # noqa: E402,F401  (fixtures)
 from tritonllm.serving.launcher import find_free_ports  # noqa: E402
@@ -72,9 +72,9 @@ def test_lora_module_is_a_model_name(toy_server):
     "python" is the toy's adapter (lora_task_id 1), listed with its parent; its text equals the BLS asked directly
     with lora_task_id 1 and differs from the base model's."""
     from test_llm_pipeline import generate
-    from toy_repository import DEMO
+    from toy_repository import TOY
 
-    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(DEMO), "--lora-modules", "python=1")):
+    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(TOY), "--lora-modules", "python=1")):
         client = sdk_client(url)
         listed = {m.id: m for m in client.models.list().data}
         assert listed["python"].model_dump().get("parent") == "tritonllm"
@@ -256,13 +256,13 @@ def test_lora_adapter_loaded_and_unloaded_at_run_time(toy_server):
     from types import SimpleNamespace
 
     from test_llm_pipeline import generate, http_post
-    from toy_repository import DEMO
+    from toy_repository import TOY
 
     def post(path: str, body: dict):
         status, text = http_post(SimpleNamespace(http_url=url.removeprefix("http://")), path, body)
         return SimpleNamespace(status_code=status, text=text)
 
-    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(DEMO), "--enable-lora-loading")):
+    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(TOY), "--enable-lora-loading")):
         load = lambda **body: post("/v1/load_lora_adapter", body)  # noqa: E731
         r = load(lora_name="py", lora_path="python")
         assert r.status_code == 200 and r.text == "Success: LoRA adapter 'py' added successfully."

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-openai = pytest.importorskip("openai")
-jsonschema = pytest.importorskip("jsonschema")
+import openai  # noqa: E402
+import jsonschema  # noqa: E402
 
 from openai_helpers import openai_server, sdk_client, tokenizer  # noqa: E402,F401  (tokenizer: a fixture)
 
@@ -39,18 +39,18 @@ def client(triton_server):
 
 @pytest.fixture(scope="module")
 def toy_client(toy_server):
-    from toy_repository import DEMO
+    from toy_repository import TOY
 
-    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(DEMO), "--tool-call-parser", "hermes")):
+    for url, _ in openai_server(toy_server, args=("--tokenizer-dir", str(TOY), "--tool-call-parser", "hermes")):
         yield sdk_client(url)
 
 
 @pytest.fixture(scope="module")
 def toy_tokenizer():
-    from toy_repository import DEMO
+    from toy_repository import TOY
     from tritonllm.model_files import load_hf_tokenizer
 
-    return load_hf_tokenizer(DEMO)
+    return load_hf_tokenizer(TOY)
 
 
 def _streamed(stream):
