@@ -3,7 +3,7 @@ served, errors by kind and the RSS drift of every Python stub process.
 
 The mix (each worker picks at random, seeded): greedy text through the ensemble and the BLS (output checked
 against a reference taken at start), token ids to tensorrt_llm, streams cancelled part-way, bad requests
-(must be refused), and classical inference. Starts its own server on free ports unless --grpc-url is given.
+(must be refused), and classical inference, against its own server on free ports.
 Exit code 1 when a good request failed or returned a different output, or a bad one was accepted.
 
     python benchmarks/soak.py --minutes 10 --workers 6
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         soak.run(args.minutes, args.workers)
         elapsed = time.monotonic() - t0
-        idle = wait_idle(server.metrics_url, timeout=60)
+        idle = wait_idle(server.metrics_url, timeout=60, required=False)  # the report says what was left
         rss1 = stub_rss(server.process.pid)
     finally:
         code = server.stop()

@@ -6,25 +6,26 @@
   ``TritonServer`` (``http_url``, ``grpc_url``, ``metrics_url`` as "localhost:PORT", ``log_path``). A failed start
   fails the test with the names of the models that did not load and the log tail. Torn down (drained) at the end
   of the session.
-- ``toy_server`` (session): the same repository rendered with the LLM on the demo toy (tests/toy_repository.py):
-  its trained LoRA adapter as lora_task_id 1, and serving-mechanics tests whose many or long generations the real
-  model would take minutes for on 2 cores.
+- ``toy_server`` (session): the same repository rendered with the LLM on the test toy (tests/toy_repository.py,
+  built by build_all.py --toy in seconds, nothing trained): its random LoRA adapter as lora_task_id 1, and its chat
+  template with a tools section.
 - ``unary_server`` (session): the same repository served with ``--model-config-name unary`` (profile
   ``unary``: tensorrt_llm and tensorrt_llm_bls not decoupled, NVIDIA's ``decoupled_mode: false``), for
   plain ``infer()`` / ModelInfer / HTTP ``/infer`` clients; started on first use.
 - ``int4_server`` (module): the toy repository with profile ``int4`` (tensorrt_llm over the toy's INT4 AWQ
   checkpoint).
-- ``@pytest.mark.slow`` tests are skipped unless ``--run-slow`` is given.
-- Stub deaths: Triton 2.51's Python backend occasionally loses a stub under concurrent BLS calls and
-  cancellations (seen on fast machines, in the tensorrt_llm_bls stub); the launcher's stub watchdog then
-  restarts the server, as it does in production. A test that fails while that happens is run once more
-  (pytest-rerunfailures, condition: the watchdog recorded a stub death during the attempt), and every test
-  starts only once a restart under way has finished, so one lost stub costs one rerun, not every test that
-  would meet the restarting server. Reruns show as ``R`` and are counted in pytest's summary.
+- ``--fuzz-examples N``: test_contract_fuzz runs N random examples instead of its bounded, derandomized set (what
+  `make soak` runs after its load); nothing is skipped by default.
+- Stub deaths: Triton 2.51's Python backend has lost a stub under concurrent BLS calls and cancellations (seen on
+  fast machines, in the tensorrt_llm_bls stub); the launcher's stub watchdog then restarts the server, as it does in
+  production. A test during which a session server lost a stub fails, naming the watchdog's events: nothing is run
+  again, so a regression that kills stubs is seen at once.
 No mocks: the fixture is the server the README tells people to run.
 """
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import signal
 import subprocess
@@ -38,16 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 from tritonllm.serving.launcher import ServerStartError, TritonServer, find_free_ports  # noqa: E402
 
 READY_TIMEOUT_S = 300
-WATCHDOG_NOTICE_S = 2.0  # the stub watchdog polls every 0.5 s and confirms a death for 0.5 s
-SERVERS: list = []       # every server the fixtures started: whose watchdog events decide a rerun
+SERVERS: list = []       # every server the fixtures started: a stub lost by one fails the test it happened in
 
 
 def pytest_addoption(parser):
-    parser.addoption("--run-slow", action="store_true", default=False, help="also run tests marked slow")
+    parser.addoption("--fuzz-examples", type=int, default=0,
+                     help="test_contract_fuzz: this many random examples instead of the bounded derandomized set")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: long-running test, skipped unless --run-slow")
     # Run in the background by a non-interactive shell (CI), pytest inherits SIGINT ignored, and every process it
     # starts would too (an ignored signal survives exec): tests that stop a server with Ctrl-C would wait in vain.
     # A handled signal is reset to its default at exec, so handling it here gives every child the default.
@@ -55,53 +55,43 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _watchdog_events() -> int:
-    return sum(len(s.watchdog.events) for s in SERVERS if s.watchdog is not None)
+def _watchdog_events() -> list:
+    return [e for s in SERVERS if s.watchdog is not None for e in s.watchdog.events]
 
 
-def _stub_died_during(item):
-    """rerunfailures' condition, asked after a failed attempt: did a server lose a stub meanwhile?"""
-    def condition(error) -> bool:
-        if error is None:  # asked after passing attempts too: nothing to wait for
-            return False
-        deadline = time.monotonic() + WATCHDOG_NOTICE_S
-        while True:
-            if _watchdog_events() != getattr(item, "_watchdog_events_at_start", None) or \
-                    any(s.restarting for s in SERVERS):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-    return condition
+PHASE_SECONDS: dict[str, float] = {}  # test directory -> setup + call + teardown seconds (make test's phase table)
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "integration" in item.nodeid.split("::")[0]:
-            item.add_marker(pytest.mark.flaky(reruns=1, condition=_stub_died_during(item)))
-    if config.getoption("--run-slow"):
-        return
-    skip = pytest.mark.skip(reason="slow: pass --run-slow to run")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+def pytest_runtest_logreport(report):
+    folder = report.nodeid.split("::")[0].rsplit("/", 1)[0]
+    PHASE_SECONDS[folder] = PHASE_SECONDS.get(folder, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    target = os.environ.get("TRITONLLM_TEST_PHASES")  # set by build_scripts/make_test.py
+    if target:
+        Path(target).write_text(json.dumps(PHASE_SECONDS) + "\n")
 
 
 @pytest.fixture(autouse=True)
-def _servers_steady(request):
-    """Start each test on servers that are not in the middle of a watchdog restart."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while any(s.restarting for s in SERVERS) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    request.node._watchdog_events_at_start = _watchdog_events()
+def _no_stub_lost():
+    """A session server that loses a stub while a test runs fails that test (the watchdog's events are the cause)."""
+    before = len(_watchdog_events())
     yield
+    lost = _watchdog_events()[before:]  # a death in the test's last second is noticed by the next test's check
+    assert not lost, f"a server lost a Python stub during this test (watchdog events: {lost}); logs: " + \
+        ", ".join(str(s.log_path) for s in SERVERS)
+    restarting = [s for s in SERVERS if s.restarting]
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while any(s.restarting for s in restarting) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
 def built_repository() -> Path:
-    """Everything the repository serves is built (default model, classical models, rendered configs), and the demo
-    toy the LoRA / AWQ tests use."""
-    proc = subprocess.run([sys.executable, str(ROOT / "build_scripts" / "build_all.py"), "--demo"], cwd=ROOT,
+    """Everything the repository serves is built (default model, classical models, rendered configs), and the test
+    toy the LoRA / AWQ / tool-template tests use (`make test` built all of it already: this only checks stamps)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "build_scripts" / "build_all.py"), "--toy"], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         pytest.fail(f"build_scripts/build_all.py failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}",
@@ -126,12 +116,25 @@ def _serve(name: str, extra_args=(), root: Path | None = None):
 
 
 @pytest.fixture(scope="session")
+def default_model_reference(built_repository):
+    """transformers' model of the default GGUF (its GGUF loader, dequantized to fp32; ~15 s to load on 2 cores): the
+    reference of the real-model parity tests, loaded once for all of them (test_real_model's greedy text,
+    test_openai_embeddings' hidden states through ``.model``)."""
+    import torch
+    import transformers as tf
+
+    gguf = ROOT / "build" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return tf.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                   dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
 def triton_server(built_repository):
     server = _serve("tritonserver")
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()  # a clean stop is test_shutdown.py's subject; here it would cost ~4 s
 
 
 def _profile_server(profile: str, root: Path | None = None):
@@ -139,7 +142,7 @@ def _profile_server(profile: str, root: Path | None = None):
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()
 
 
 @pytest.fixture(scope="session")
@@ -164,10 +167,10 @@ def toy_server(toy_root):
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()
 
 
 @pytest.fixture(scope="module")
 def int4_server(toy_root):
-    """Profile ``int4`` of the toy repository: tensorrt_llm over the toy's AWQ variant (build/models/demo-int4-awq)."""
+    """Profile ``int4`` of the toy repository: tensorrt_llm over the toy's AWQ variant (build/models/toy-int4-awq)."""
     yield from _profile_server("int4", toy_root)

@@ -23,7 +23,7 @@ DYNAMO_PY = ROOT / "build" / "dynamo-venv" / "bin" / "python"
 
 class Cluster:
     def __init__(self, router: str, replicas: int = 2, extra: tuple[str, ...] = ()) -> None:
-        openai = pytest.importorskip("openai")
+        import openai
         (self.port,) = find_free_ports(1)
         self.log_dir = ROOT / "build" / "logs"
         self.proc = subprocess.Popen(
@@ -41,7 +41,8 @@ class Cluster:
             if "dynamo READY" in line:
                 self.worker_pids = [int(p) for p in re.search(r"pids ([\d ]+)\)", line).group(1).split()]
                 self.model = re.search(r" model (\S+) ", line).group(1)  # the served name
-                self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
+                self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
+                                            max_retries=0, timeout=120)  # a failure shows, never retried
                 return
         self.stop()
         pytest.fail("dynamo launch did not get READY:\n" + "".join(self.lines[-40:]), pytrace=False)

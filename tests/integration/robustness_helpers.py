@@ -42,11 +42,12 @@ def grpc_inputs(tensors: dict[str, np.ndarray]) -> list:
 
 
 def stream_request(url: str, model: str, tensors: dict, timeout: float = 120.0, client=None, parameters=None,
-                   outputs=None):
+                   outputs=None, on_chunk=None):
     """One request on its own gRPC stream: (list of {output name: array}, error or None). In-stream errors
     carry a message only (``error.status()`` is None): Triton's ``triton_grpc_error`` header would add the
     status, but on 2.51 it crashed the server under some sequences of errors (docs/nvidia_clients.md).
-    ``parameters``: request parameters; ``outputs``: the output names to ask for (default: every one)."""
+    ``parameters``: request parameters; ``outputs``: the output names to ask for (default: every one);
+    ``on_chunk()`` is called after each response with outputs (a test's cue that the request is generating)."""
     own = client is None
     client = client or grpcclient.InferenceServerClient(url)
     q: queue.Queue = queue.Queue()
@@ -64,6 +65,8 @@ def stream_request(url: str, model: str, tensors: dict, timeout: float = 120.0, 
             resp = result.get_response()
             if resp.outputs:
                 chunks.append({o.name: result.as_numpy(o.name) for o in resp.outputs})
+                if on_chunk is not None:
+                    on_chunk()
             if resp.parameters["triton_final_response"].bool_param:
                 done = True
                 return chunks, None
@@ -130,8 +133,11 @@ def llm_metrics(metrics_url: str, model: str = "tensorrt_llm") -> dict[str, floa
     return out
 
 
-def wait_idle(metrics_url: str, timeout: float = 30.0) -> dict[str, float]:
-    """Poll until KV usage and running/waiting requests are all 0 (the adapter publishes every ~0.5 s)."""
+def wait_idle(metrics_url: str, timeout: float = 30.0, required: bool = True) -> dict[str, float]:
+    """Poll until KV usage and running/waiting requests are all 0 and return that reading (each read follows a
+    publication: the adapter publishes every ~0.5 s, so the first read is never one from before the caller's last
+    request). Not idle within ``timeout``: AssertionError with the last reading, or that reading when not
+    ``required`` (a report that states it)."""
     deadline = time.monotonic() + timeout
     m: dict[str, float] = {}
     while time.monotonic() < deadline:
@@ -140,6 +146,7 @@ def wait_idle(metrics_url: str, timeout: float = 30.0) -> dict[str, float]:
         if (m.get("llm_kv_cache_usage_ratio") == 0.0 and m.get("llm_requests_running") == 0
                 and m.get("llm_requests_waiting", 0) == 0):
             return m
+    assert not required, f"the engine was not idle within {timeout:.0f} s: {m}"
     return m
 
 
@@ -242,4 +249,4 @@ def dedicated_server(repo: Path, extra_args=(), timeout=180):
         server.start(timeout=timeout)
         yield server
     finally:
-        server.stop()
+        server.kill()  # tests that check the stop call stop() themselves

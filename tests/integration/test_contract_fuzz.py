@@ -11,7 +11,7 @@ Properties: no request hangs; every refusal names an input, and is INVALID_ARG w
 a status (unary calls; in-stream errors are a message only on Triton 2.51 without the ``triton_grpc_error``
 header, which crashed 2.51 under some sequences of errors and is not used); a cancelled request ends
 CANCELLED or normally; and afterwards both servers are ready, every KV block is free and nothing is running.
-``make test`` runs a bounded, derandomized set; ``--run-slow`` a long random one (count in the closing note).
+``make test`` runs a bounded, derandomized set; ``--fuzz-examples 1500`` (``make soak``) a long random one.
 """
 from __future__ import annotations
 
@@ -225,10 +225,7 @@ def _fuzz(decoupled, unary, examples, derandomize):
         assert server.is_ready()
 
 
-def test_contract_fuzz_bounded(triton_server, unary_server):
-    _fuzz(triton_server, unary_server, examples=80, derandomize=True)
-
-
-@pytest.mark.slow
-def test_contract_fuzz_long(triton_server, unary_server):
-    _fuzz(triton_server, unary_server, examples=1500, derandomize=False)
+def test_contract_fuzz(triton_server, unary_server, pytestconfig):
+    """80 derandomized examples (the same every run), or ``--fuzz-examples N`` random ones (`make soak`)."""
+    random_examples = pytestconfig.getoption("--fuzz-examples")
+    _fuzz(triton_server, unary_server, examples=random_examples or 80, derandomize=not random_examples)

@@ -18,7 +18,6 @@ from dynamo_helpers import DYNAMO_PY, Cluster, prompt_ids
 from robustness_helpers import stream_request, text_tensors
 
 PROMPT = "The future of AI is"
-openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")

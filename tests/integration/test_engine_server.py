@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from robustness_helpers import wait_idle
+
 DTYPES = {np.int32: "INT32", np.bool_: "BOOL", np.float32: "FP32", np.uint64: "UINT64", np.object_: "BYTES"}
 
 
@@ -66,9 +68,15 @@ def _metrics(server) -> dict[str, float]:
     return out
 
 
-def _settled_metrics(server):
-    time.sleep(1.2)  # the adapter publishes about every 0.5 s
-    return _metrics(server)
+def _metrics_when(server, condition, timeout: float = 30.0) -> dict[str, float]:
+    """The first reading (polled; the adapter publishes about every 0.5 s) for which ``condition`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = _metrics(server)
+        if condition(m):
+            return m
+        assert time.monotonic() < deadline, f"metrics never met the condition within {timeout:.0f} s: {m}"
+        time.sleep(0.1)
 
 
 def test_streaming_equals_non_streaming_ids(triton_server):
@@ -188,17 +196,19 @@ def test_guided_decoding_on_tensorrt_llm_itself(triton_server):
 
 
 def test_metrics_move_and_cancellation_frees_kv(triton_server):
-    before = _settled_metrics(triton_server)
+    wait_idle(triton_server.metrics_url)  # what earlier tests generated is counted and published
+    before = _metrics(triton_server)
     s = Stream(triton_server.grpc_url)
     try:
         _, err = s.run("tensorrt_llm", _ids_request(list(range(10, 40)), 16))
         assert err is None
     finally:
         s.close()
-    after = _settled_metrics(triton_server)
+    ttft = "llm_time_to_first_token_seconds_count"
+    after = _metrics_when(triton_server, lambda m: m[ttft] > before.get(ttft, 0) and m["llm_requests_running"] == 0
+                          and m["llm_generation_tokens_total"] >= before.get("llm_generation_tokens_total", 0) + 16)
     assert after["llm_prompt_tokens_total"] - before.get("llm_prompt_tokens_total", 0) == 30
     assert after["llm_generation_tokens_total"] - before.get("llm_generation_tokens_total", 0) == 16
-    ttft = "llm_time_to_first_token_seconds_count"
     assert after[ttft] == before.get(ttft, 0) + 1
     assert after['llm_time_to_first_token_seconds_bucket{le="+Inf"}'] == after[ttft]
     assert after["llm_cost_usd_total"] > before.get("llm_cost_usd_total", 0)
@@ -211,17 +221,6 @@ def test_metrics_move_and_cancellation_frees_kv(triton_server):
                                                              streaming=np.array([[True]])), request_id="long")
     first, err = s.q.get(timeout=60)
     assert err is None
-    # the long stream is running: polled, not slept on (this machine decodes ~1500 tokens/s, the adapter
-    # publishes every ~0.5 s)
-    deadline, seen = time.time() + 5, False
-    while not seen and time.time() < deadline:
-        seen = _metrics(triton_server)["llm_requests_running"] >= 1
-        time.sleep(0.05)
-    assert seen
+    _metrics_when(triton_server, lambda m: m["llm_requests_running"] >= 1)  # the long stream is running
     s.close(cancel=True)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        m = _settled_metrics(triton_server)
-        if m["llm_kv_cache_usage_ratio"] == 0.0 and m["llm_requests_running"] == 0:
-            break
-    assert m["llm_kv_cache_usage_ratio"] == 0.0 and m["llm_requests_running"] == 0
+    wait_idle(triton_server.metrics_url, timeout=20)  # no block and no request left

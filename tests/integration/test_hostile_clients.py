@@ -18,7 +18,6 @@ import random
 import socket
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -100,6 +99,9 @@ def test_a_deadline_is_reported_as_a_cut_not_a_natural_stop(openai_url):  # noqa
 
 
 def _idle_within(server, seconds: float) -> bool:
+    """Running and waiting read 0 within ``seconds``, judged only on publications made after the call (our metrics
+    are published every 0.5 s: an earlier reading could predate the request and say idle, or count no token)."""
+    time.sleep(0.6)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         m = llm_metrics(server.metrics_url)
@@ -113,7 +115,7 @@ def _generated(server) -> float:
     return llm_metrics(server.metrics_url)["llm_generation_tokens_total"]
 
 
-def _openai_leave(url, body, after_s):
+def _openai_leave(server, url, body, after_s):
     if body.get("stream"):
         with requests.post(f"{url}/v1/completions", json=body, stream=True, timeout=30) as r:
             start = None  # from the first text: under load the first token may come after after_s
@@ -123,9 +125,18 @@ def _openai_leave(url, body, after_s):
                     start = time.monotonic()
                 if start is not None and time.monotonic() - start > after_s:
                     break
-    else:
-        with pytest.raises(requests.exceptions.ReadTimeout):
-            requests.post(f"{url}/v1/completions", json=body, timeout=after_s)
+    else:  # no text comes before the end: the engine's token counter says the request generates
+        host, port = url.removeprefix("http://").split(":")
+        generated = _generated(server)
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            payload = json.dumps(body).encode()
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+            deadline = time.monotonic() + 30
+            while _generated(server) <= generated:
+                assert time.monotonic() < deadline, "the non-streamed request never started generating"
+                time.sleep(0.05)
+            time.sleep(after_s)  # the random point at which this client leaves
 
 
 def _grpc_leave(server, model, tensors, after_s):
@@ -133,16 +144,17 @@ def _grpc_leave(server, model, tensors, after_s):
     got = queue.Queue()
     client.start_stream(callback=lambda result, error: got.put(error))
     client.async_stream_infer(model, grpc_inputs(tensors), enable_empty_final_response=True)
-    time.sleep(after_s)
+    assert got.get(timeout=60) is None  # the first response: the request is generating
+    time.sleep(after_s)  # the random point at which this client leaves
     client.stop_stream(cancel_requests=True)
     client.close()
 
 
 LONG = {"model": M, "prompt": "Once upon a time", "max_tokens": 1500, "min_tokens": 1500, "temperature": 1}
 FRONTS = {
-    "openai non-streamed": lambda s, url, t: _openai_leave(url, LONG, t),
-    "openai streamed n=1": lambda s, url, t: _openai_leave(url, {**LONG, "stream": True}, t),
-    "openai streamed n=4": lambda s, url, t: _openai_leave(url, {**LONG, "stream": True, "n": 4}, t),
+    "openai non-streamed": lambda s, url, t: _openai_leave(s, url, LONG, t),
+    "openai streamed n=1": lambda s, url, t: _openai_leave(s, url, {**LONG, "stream": True}, t),
+    "openai streamed n=4": lambda s, url, t: _openai_leave(s, url, {**LONG, "stream": True, "n": 4}, t),
     "grpc tensorrt_llm_bls": lambda s, url, t: _grpc_leave(s, "tensorrt_llm_bls", text_tensors(
         "Once upon a time", 1500, stream=np.array([[True]]), min_tokens=np.array([[1500]], np.int32)), t),
     "grpc tensorrt_llm": lambda s, url, t: _grpc_leave(s, "tensorrt_llm", ids_tensors([504, 1774, 282], 1500, True), t),
@@ -158,11 +170,12 @@ def test_a_client_that_leaves_at_a_random_point_is_cancelled(triton_server, open
         FRONTS[front](triton_server, openai_url, rng.uniform(0.3, 1.2))
         left = time.monotonic()
         assert _idle_within(triton_server, 1.5), f"{front}: still running {time.monotonic() - left:.1f} s after"
-        generated = _generated(triton_server) - before
+        generated = _generated(triton_server) - before  # published after the leave (_idle_within waited for it)
         assert generated < 1500, (front, generated)  # far from the 1500 (x n) asked for
-        # That the request ran: the streamed OpenAI clients leave only after text came. The token counter read 0 in
-        # 2 of 4 CI runs for them although text had come (not explained yet), so it is not the witness there.
-        assert front.startswith("openai") or generated > 0, (front, generated)
+        # That the request ran: every client here leaves once it generates (first text or response; the non-streamed
+        # OpenAI client once the token counter moved). (This read 0 in CI when _idle_within could read a publication
+        # from before the request.)
+        assert generated > 0, (front, generated)
     assert wait_idle(triton_server.metrics_url)["llm_kv_cache_usage_ratio"] == 0
 
 
@@ -201,16 +214,22 @@ def test_a_hostile_schema_delays_no_one_and_memory_stays_bounded(triton_server, 
     answer = {}
     thread = threading.Thread(target=lambda: answer.update(r=_post(openai_url, "chat/completions", hostile, 120)))
     thread.start()
-    time.sleep(0.5)  # compiling now
-    ttft = []
+    deadline = time.monotonic() + 30  # the hostile request is in tensorrt_llm (compiling its grammar) before probing
+    while llm_metrics(triton_server.metrics_url).get("llm_requests_running", 0) + \
+            llm_metrics(triton_server.metrics_url).get("llm_requests_waiting", 0) < 1:
+        assert time.monotonic() < deadline and thread.is_alive(), "the hostile request never reached the engine"
+        time.sleep(0.05)
+    ttft, overlapped = [], []
     for _ in range(3):
         start = time.monotonic()
         with requests.post(f"{openai_url}/v1/completions", json={"model": M, "prompt": "Hi", "max_tokens": 4,
                                                                  "stream": True}, stream=True, timeout=60) as r:
             next(line for line in r.iter_lines() if line)
         ttft.append(time.monotonic() - start)
+        overlapped.append(thread.is_alive())  # the probe's first token came while the hostile request was in flight
     thread.join(120)
     assert max(ttft) < 2.0, ttft  # a compile of seconds (here) used to hold every new request for its length
+    assert overlapped[0], "the first probe ended after the hostile request: it did not run beside its compile"
     assert answer["r"].status_code in (200, 400), answer["r"].text  # compiled, or refused past its budget
     too_big = _post(openai_url, "chat/completions", {**hostile, "response_format": {
         "type": "json_schema", "json_schema": {"name": "b", "schema": _schema(4000, "b")}}})

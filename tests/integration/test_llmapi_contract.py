@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from robustness_helpers import grpc_inputs, stream_request, text_tensors, unary_request, wait_idle
+from robustness_helpers import grpc_inputs, llm_metrics, stream_request, text_tensors, unary_request, wait_idle
 
 PROMPT = "The future of AI is"
 LONG_PROMPT = "List the numbers from 1 to 300, separated by commas:"  # the default model counts on past 1500 tokens
@@ -129,9 +129,13 @@ def _stop_once(server, mode: str, rid: str) -> tuple[list, list]:
     errors, results = [], []
     try:
         if mode == "unary":
+            generated = llm_metrics(server.metrics_url).get("llm_generation_tokens_total", 0)
             client.async_infer("llmapi", grpc_inputs(long), callback=lambda result, error: done.put((result, error)),
                                request_id=rid)
-            time.sleep(0.3)
+            deadline = time.monotonic() + 30  # no response until the end: the engine's token count says it runs
+            while llm_metrics(server.metrics_url).get("llm_generation_tokens_total", 0) <= generated:
+                assert time.monotonic() < deadline and done.empty(), "the long request never started generating"
+                time.sleep(0.05)
             client.async_infer("llmapi", grpc_inputs(stop), callback=lambda result, error: done.put((result, error)),
                                request_id=rid)
         else:
@@ -155,22 +159,15 @@ def _stop_once(server, mode: str, rid: str) -> tuple[list, list]:
 
 @pytest.mark.parametrize("mode", ["unary", "decoupled"])
 def test_stop_by_request_id_cancels_both_and_frees_the_kv_blocks(triton_server, unary_server, mode):
-    """The long request counts (LONG_PROMPT: "The future of AI is" ends at EOS in 0.2 s, before the unary stop
-    leaves); a stop that still comes after the end only answers itself, so this retries until the stop caught
-    the request running (asserted at least once)."""
+    """The stop is sent once the long request generates (its first streamed response; unary: the engine's token
+    counter moved), so it always finds its target running: both end cancelled, and every KV block is back."""
     server = unary_server if mode == "unary" else triton_server
-    caught = 0
-    for attempt in range(4):
-        errors, results = _stop_once(server, mode, f"llmapi-stop-{mode}-{attempt}")
-        assert errors and all("cancelled" in e.message().lower() for e in errors), errors
-        if mode == "unary":
-            assert all(e.status() == "StatusCode.CANCELLED" for e in errors), errors
-        assert len(errors) + len(results) == 2, (errors, results)
-        assert wait_idle(server.metrics_url).get("llm_kv_cache_usage_ratio") == 0.0
-        if len(errors) == 2:
-            caught += 1
-            break
-    assert caught, "the stop request never found its target running"
+    errors, results = _stop_once(server, mode, f"llmapi-stop-{mode}")
+    assert len(errors) == 2 and not results, (errors, results)
+    assert all("cancelled" in e.message().lower() for e in errors), errors
+    if mode == "unary":
+        assert all(e.status() == "StatusCode.CANCELLED" for e in errors), errors
+    assert wait_idle(server.metrics_url).get("llm_kv_cache_usage_ratio") == 0.0
 
 
 def test_a_stop_without_request_id_is_refused(unary_server):

@@ -226,12 +226,24 @@ def _scrape(server) -> tuple[str, dict[tuple[str, str], float]]:
     return text, out
 
 
+def _scrape_when(server, condition, timeout: float = 30.0) -> tuple[str, dict[tuple[str, str], float]]:
+    """The first scrape (polled: the adapter publishes about every 0.5 s) for which ``condition(parsed)`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text, m = _scrape(server)
+        if condition(m):
+            return text, m
+        assert time.monotonic() < deadline, f"the metrics never met the condition within {timeout:.0f} s"
+        time.sleep(0.1)
+
+
 def test_nvidia_families_and_labels_exist_as_their_backend_reports_them(triton_server):
     from tritonllm.metrics import NVIDIA_GAUGES, NVIDIA_TOKEN_HISTOGRAMS, TOKEN_LEN_BUCKETS
 
+    wanted = {(family, f"{label}={value}") for family, (_, _, label, values) in NVIDIA_GAUGES.items()
+              for value, _ in values}
     _ok(stream_request(triton_server.grpc_url, "ensemble", text_tensors("My name is", 8)))
-    time.sleep(0.5)
-    text, m = _scrape(triton_server)
+    text, m = _scrape_when(triton_server, lambda m: wanted <= set(m))
     for family, (kind, _, label, values) in NVIDIA_GAUGES.items():
         assert f"# TYPE {family} {kind}" in text
         for value, _ in values:
@@ -265,15 +277,17 @@ def test_nvidia_metrics_follow_load_and_the_gateway_readings_are_right(verbose_s
     triton_server = verbose_server
     _, before = _scrape(triton_server)
     n = 24
-    # long enough that the load outlasts several ~0.5 s metric publications even on a fast machine (48 tokens
-    # each finished between two of them there)
+    # long enough that the load outlasts several ~0.5 s metric publications (24 x 64 tokens on the real model take
+    # ~9 s on 2 cores; the 5M toy once finished 48-token requests between two publications)
     threads = [threading.Thread(target=stream_request, args=(triton_server.grpc_url, "tensorrt_llm",
-                                                            ids_tensors(_ids(30, 100 + i), 320)), daemon=True)
+                                                            ids_tensors(_ids(30, 100 + i), 64)), daemon=True)
                for i in range(n)]
     for t in threads:
         t.start()
     seen_waiting, seen_fraction = 0.0, 0.0
+    deadline = time.monotonic() + 300
     while any(t.is_alive() for t in threads):
+        assert time.monotonic() < deadline, "the 24 requests did not finish within 300 s"
         for _ in range(3):  # gauges are set one by one: a scrape between two sets reads a torn pair; the next not
             _, m = _scrape(triton_server)
             waiting = m[("nv_trt_llm_request_metrics", "request_type=waiting")]
@@ -287,13 +301,11 @@ def test_nvidia_metrics_follow_load_and_the_gateway_readings_are_right(verbose_s
         seen_waiting, seen_fraction = max(seen_waiting, waiting), max(seen_fraction, fraction)
         time.sleep(0.15)
     for t in threads:
-        t.join()
+        t.join(timeout=60)
     assert seen_waiting >= 1 and seen_fraction > 0, (seen_waiting, seen_fraction)
     wait_idle(triton_server.metrics_url)
-    time.sleep(0.5)
-    _, after = _scrape(triton_server)
     it = ("nv_trt_llm_general_metrics", "general_type=iteration_counter")
-    assert after[it] >= before[it] + 48
+    _, after = _scrape_when(triton_server, lambda m: m[it] >= before[it] + 48)
     for family in ("nv_llm_input_token_len_count", "nv_llm_output_token_len_count"):
         key = next(k for k in after if k[0] == family)
         assert after[key] - before.get(key, 0) >= n

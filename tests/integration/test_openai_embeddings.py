@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402
 
 from openai_helpers import client, openai_url, tokenizer  # noqa: E402,F401  (fixtures)
 from robustness_helpers import wait_idle  # noqa: E402
@@ -24,11 +24,10 @@ TEXTS = ["The capital of France is Paris.", "A lighthouse guides ships at night.
 
 
 @pytest.fixture(scope="module")
-def reference(tokenizer):
-    """text or ids -> transformers' last_hidden_state on the served GGUF (dequantized to fp32)."""
-    import transformers as tf
-
-    model = tf.AutoModel.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
+def reference(tokenizer, default_model_reference):
+    """text or ids -> transformers' last_hidden_state on the served GGUF (dequantized to fp32): the base model under
+    the causal LM, as ``AutoModel`` would load it."""
+    model = default_model_reference.model
 
     def hidden(item) -> np.ndarray:
         ids = tokenizer(item).input_ids if isinstance(item, str) else item

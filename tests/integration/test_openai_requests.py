@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402
 
 from openai_helpers import client, openai_url, tokenizer  # noqa: E402,F401  (fixtures)
-from robustness_helpers import wait_idle  # noqa: E402
+from robustness_helpers import llm_metrics, wait_idle  # noqa: E402
 
 ASK = [{"role": "user", "content": "Tell me a story about a dragon."}]
 
@@ -104,8 +104,11 @@ def test_a_high_priority_request_overtakes_the_queue(openai_url, triton_server):
         lows = []
         for i in range(20):
             lows.append(asyncio.create_task(run(f"low{i}", 4, 0.1)))
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(1.0)
+            await asyncio.sleep(0.02)  # arrival order, not a wait for anything
+        deadline = time.monotonic() + 30  # every low is in the engine's queue before the high one is sent
+        while (await asyncio.to_thread(llm_metrics, triton_server.metrics_url)).get("llm_requests_waiting", 0) < 20:
+            assert time.monotonic() < deadline, "the 20 low-priority requests never all queued"
+            await asyncio.sleep(0.1)
         assert not any(t.done() for t in blockers), "the blockers must still hold every slot"
         assert not any(n.startswith("low") for n in first_token), "the lows must be queued"
         submitted["high"] = time.monotonic()

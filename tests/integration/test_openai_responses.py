@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402
 
 from openai_helpers import openai_server, sdk_client  # noqa: E402
 

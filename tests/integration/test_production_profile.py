@@ -51,7 +51,7 @@ def prod_server():
         server.start(timeout=120)
         yield server
     finally:
-        server.stop()
+        server.kill()
         shutil.rmtree(repo, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ the ids our own preprocessing makes (the prompts are plain text, the chat goes t
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
@@ -37,21 +38,23 @@ def _all_blocks_back(server) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """(tokenizer, greedy(ids) -> generated ids) of transformers on the served file."""
-    import transformers as tf
-
+def reference(default_model_reference):
+    """(tokenizer, greedy(ids) -> generated ids) of transformers on the served file (each prompt's run kept)."""
     from tritonllm.model_files import load_hf_tokenizer
 
     tok = load_hf_tokenizer(GGUF)
-    model = tf.AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
+    model = default_model_reference
 
-    def greedy(ids: list[int]) -> list[int]:
+    @functools.lru_cache(maxsize=None)
+    def greedy_of(ids: tuple[int, ...]) -> tuple[int, ...]:
         x = torch.tensor([ids])
         with torch.no_grad():
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW, do_sample=False,
                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
-        return [t for t in out[0, len(ids):].tolist() if t != tok.eos_token_id]
+        return tuple(t for t in out[0, len(ids):].tolist() if t != tok.eos_token_id)
+
+    def greedy(ids: list[int]) -> list[int]:
+        return list(greedy_of(tuple(ids)))
 
     return tok, greedy
 

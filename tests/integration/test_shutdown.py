@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import READY_TIMEOUT_S
+from robustness_helpers import wait_idle
 from tritonllm.serving.launcher import TritonServer, find_free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,12 +41,23 @@ def _assert_clean_stop(server: TritonServer, code: int, took: float) -> None:
     assert code == 0 and took < EXIT_TIMEOUT_S, (code, took, server.log_path)
 
 
-def _generate(server, model: str, answers: list) -> None:
-    body = json.dumps({"text_input": "Name three colours.", "max_tokens": 24, "end_id": -1}).encode()
-    request = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/generate", body,
+def _generate(server, model: str, answers: list, started: threading.Event) -> None:
+    """A streamed request (SSE); ``started`` is set at its first event, when the engine is generating it."""
+    body = json.dumps({"text_input": "Name three colours.", "max_tokens": 48, "end_id": -1, "stream": True}).encode()
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/generate_stream", body,
                                      {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as r:
-        answers.append((r.status, json.loads(r.read())["text_output"]))
+    text = ""
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            for line in r:
+                if line.startswith(b"data:"):
+                    started.set()
+                    event = json.loads(line[5:])
+                    assert "error" not in event, event
+                    text += event["text_output"]
+        answers.append((r.status, text))
+    finally:
+        started.set()  # a request that failed before its first event must not leave the test waiting
 
 
 @pytest.mark.parametrize("cycle", range(CYCLES))
@@ -53,11 +65,12 @@ def test_stop_under_load_drains_and_no_stub_crashes(built_repository, cycle):
     server = _started(str(cycle))
     try:
         answers: list = []
-        clients = [threading.Thread(target=_generate, args=(server, model, answers))
-                   for model in ("ensemble", "tensorrt_llm_bls", "ensemble")]
+        started = [threading.Event() for _ in range(3)]
+        clients = [threading.Thread(target=_generate, args=(server, model, answers, event))
+                   for model, event in zip(("ensemble", "tensorrt_llm_bls", "ensemble"), started)]
         for c in clients:
             c.start()
-        time.sleep(0.3)  # the requests are in the engine when the stop arrives
+        assert all(event.wait(60) for event in started)  # every request is generating when the stop arrives
         began = time.monotonic()
         code = server.stop(timeout=EXIT_TIMEOUT_S + 20)
         took = time.monotonic() - began
@@ -100,7 +113,7 @@ def test_clients_that_cancel_their_streams_do_not_hold_the_model_at_stop(built_r
         left: list = []
         with ThreadPoolExecutor(12) as pool:
             list(pool.map(lambda i: _leave_after_first_token(server, i, left), range(96)))
-        time.sleep(1.0)  # the engine sees the cancellations (watcher period 50 ms) and answers them
+        wait_idle(server.metrics_url)  # every cancellation seen and answered, every block back
         began = time.monotonic()
         code = server.stop(timeout=EXIT_TIMEOUT_S + 20)
         took = time.monotonic() - began

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import types
 from datetime import timedelta
 from types import SimpleNamespace
@@ -79,6 +80,7 @@ class Recorder:
         self.stats: list[list] = []     # what successive get_stats calls return
         self.refuse_prompt: set[int] = set()  # first prompt ids generate_async refuses with ValueError
         self.shutdowns = 0
+        self.holding = threading.Event()  # set once a result waits at a "hold" step (a test's cue to stop it)
 
 
 class _Recording:
@@ -136,6 +138,7 @@ class StandInResult(_Recording):
         if self._script and self._script[0] == "silent":  # never answers, not even after abort()
             await asyncio.Event().wait()
         if self._was_aborted or (self._script and self._script[0] == "hold"):
+            self._rec.holding.set()
             await self._aborted_event.wait()
             step = {"finish": "cancelled", "done": True}
         elif not self._script:

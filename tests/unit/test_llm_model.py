@@ -172,7 +172,7 @@ def test_a_stop_request_ends_the_target_and_aborts_the_llm_request(model):
     model.rec.scripts.append([{"ids": [5]}, "hold"])
     target = Request(row([1, 2], out_len=50), rid="abc")
     model.execute([target])
-    time.sleep(0.05)
+    assert model.rec.holding.wait(5)  # the target answered [5] and waits: the stop finds it running
     stop = Request({"stop": np.array([[True]])}, rid="abc")
     model.execute([stop])
     assert stop.sender.final()[-1][0].error is None

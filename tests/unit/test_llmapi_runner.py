@@ -5,7 +5,6 @@ every tensorrt_llm name used is in the names table and is a name NVIDIA's source
 from __future__ import annotations
 
 import ast
-import re
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,6 @@ from tritonllm.trtllm import names as N  # noqa: E402
 from tritonllm.trtllm.llmapi_runner import LLMAPIRunner, sampling_kwargs  # noqa: E402
 from tritonllm.trtllm.llmapi_settings import build_llmapi_backend, llm_args_from_parameters  # noqa: E402
 
-CONTRACT_MD = Path("/work/scratch/issue15/llmapi_contract.md")
 LLM_ARGS = {"backend": "pytorch", "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_batch_size": 2,
             "max_num_tokens": 256, "max_seq_len": 64, "enable_chunked_prefill": True, "trust_remote_code": False,
             "enable_iter_perf_stats": True,
@@ -312,31 +310,3 @@ def test_the_runner_uses_no_tensorrt_llm_name_outside_the_table():
         N.attr(object(), "CompletionOutput", "text")
 
 
-def _md_names(text: str) -> set[str]:
-    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)", text))
-
-
-@pytest.mark.skipif(not CONTRACT_MD.exists(), reason="the contract notes are not on this machine")
-def test_table_matches_the_fields_listed_in_llmapi_contract_md():
-    md = CONTRACT_MD.read_text()
-    sec7 = md[md.index("## 7."):]
-    sp = sec7[sec7.index("sampling_params.py"):sec7.index("executor/result.py")]
-    assert N.fields("SamplingParams") <= _md_names(sp)
-    kv = sec7[sec7.index("KvCacheConfig"):sec7.index("BaseLlmArgs")]
-    assert N.fields("KvCacheConfig") <= _md_names(kv)
-    base = sec7[sec7.index("BaseLlmArgs"):sec7.index("sampling_params.py")]
-    assert N.fields("LLM") - S.LLM_ARGS_READ_HERE <= _md_names(base)
-    res = sec7[sec7.index("executor/result.py"):]
-    assert N.fields("CompletionOutput") <= _md_names(res)
-    signature = re.search(r"generate_async\(([^)]*)\)", res).group(1)
-    assert N.fields("generate_async") <= {p.split("=")[0].strip() for p in signature.split(",")}
-    sec38 = md[md.index("### 3.8"):md.index("## 4.")]
-    perf_line = sec38[sec38.index("| perf metrics"):].splitlines()[0]
-    groups = re.findall(r"`\.(\w+)\.\{([^}]*)\}`", perf_line)
-    listed = {f"{g}.{f.strip()}" for g, fs in groups for f in fs.split(",")}
-    assert N.fields("RequestPerfMetrics") <= listed
-    request_output = sec38[sec38.index("| `RequestOutput`"):].splitlines()[0]
-    assert N.fields("RequestOutput") <= set(re.findall(r"`\.(\w+)", request_output))
-    llm_line = sec38[sec38.index("| `LLM`"):].splitlines()[0]
-    assert N.fields("LLM method") - S.LLM_METHODS_READ_HERE <= set(re.findall(r"`\.(\w+)", llm_line))
-    assert N.fields("finish_reason") <= set(re.findall(r"'(\w+)'", res))

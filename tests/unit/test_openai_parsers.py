@@ -7,8 +7,6 @@ import json
 
 import pytest
 
-pytest.importorskip("fastapi")
-
 from clients.openai_server import reasoning as R  # noqa: E402
 from clients.openai_server import tool_calls as T  # noqa: E402
 from clients.openai_server.chat_answer import ChatAnswer  # noqa: E402

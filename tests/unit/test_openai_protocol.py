@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 
-pytest.importorskip("fastapi")
 
 from clients.openai_server.protocol import ApiError, ChatCompletionRequest, CompletionRequest  # noqa: E402
 from clients.openai_server.responses import Outcome, TextTools  # noqa: E402

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from tritonllm.serving.discovery import REPO_ROOT, assemble_backends, find_free_ports, find_tritonserver, server_env
-from tritonllm.serving.orphans import LIFELINE, listening
+from tritonllm.serving.orphans import LIFELINE, listening, remove_shm, shm_regions
 from tritonllm.serving.server_log import describe_failure, failed_models, failure_summary, port_in_use
 from tritonllm.serving.watchdog import StubWatchdog
 
@@ -245,16 +245,24 @@ class TritonServer:
                 pass
         return self._kill_and_reap()
 
+    def kill(self) -> int | None:
+        """SIGKILL the process group now (no drain); returns the exit code, None when nothing ran. Idempotent."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        return self._kill_and_reap()
+
     def _kill_and_reap(self) -> int | None:
         proc = self.process
         if proc is None:
             return None
+        regions = shm_regions(proc.pid) if proc.poll() is None else []
         try:  # stubs left behind by a killed or crashed server still belong to the group
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         code = proc.wait()
         LIFELINE.remove(proc.pid)
+        remove_shm(regions)  # what the killed stubs could not unlink themselves
         if proc.stdout is not None:
             time.sleep(0.2)  # let the pump copy the last lines
         if self._log_file is not None:
@@ -319,7 +327,8 @@ def serve_foreground(server: TritonServer, timeout: float) -> int:
                 break
     except KeyboardInterrupt:
         # The server runs in its own session, so the terminal's Ctrl-C reaches only us: forward it and wait
-        # while Triton drains; a second Ctrl-C falls through to the kill in stop().
+        # while Triton drains; a second Ctrl-C kills it at once.
+        print("\n*** stopping: draining in-flight requests (Ctrl-C again to kill now)", file=sys.stderr, flush=True)
         if server.watchdog is not None:
             server.watchdog.stop()
         try:
@@ -327,9 +336,13 @@ def serve_foreground(server: TritonServer, timeout: float) -> int:
                 server.process.send_signal(signal.SIGINT)
                 server.process.wait()
         except KeyboardInterrupt:
-            pass
+            print("*** killed", file=sys.stderr, flush=True)
+            server.kill()
     finally:
-        code = server.stop()
+        try:
+            code = server.stop()
+        except KeyboardInterrupt:  # Ctrl-C while stop() drains
+            code = server.kill()
     if not ready.is_set():
         print("\n" + failure_summary(server.read_log(), server.port_options()), file=sys.stderr)
         return code or 1

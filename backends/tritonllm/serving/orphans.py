@@ -12,13 +12,15 @@
   watchdog restarts servers from its own thread.
 - ``port_holders(port)``: the processes listening on a TCP port (``/proc/net/tcp*`` inode -> ``/proc/<pid>/fd``),
   so a start that finds a port taken names the process, its command line and, for ours, how to stop it.
+- ``shm_regions(pgid)`` / ``remove_shm``: the shared-memory regions of a group's Python backend stubs (named in their
+  argv), which a stub unlinks on a clean exit and a killed one leaves in /dev/shm: a kill removes them after.
 
 Linux only (``/proc``); elsewhere the guard still works and ``port_holders`` returns nothing.
 """
 from __future__ import annotations
 
 import os
-import signal
+import re
 import subprocess
 import sys
 import threading
@@ -139,3 +141,30 @@ def describe_holders(port: int) -> str:
         parts.append(f"pid {pid} ({cmd[:160]})" + (f": a server of ours left running; `kill {pid}` stops it"
                                                     if ours else ""))
     return ", held by " + "; ".join(parts)
+
+
+_SHM_REGION = re.compile(r"^triton_\w+_shm_region_[0-9a-f-]{36}$")
+
+
+def shm_regions(pgid: int) -> list[str]:
+    """Names of the shared-memory regions the Python backend stubs of process group ``pgid`` were started with."""
+    names = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            names += [a for a in (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                      if _SHM_REGION.match(a)]
+        except (OSError, ProcessLookupError):
+            continue
+    return names
+
+
+def remove_shm(names: list[str]) -> None:
+    for name in names:
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:  # gone already (a stub that exited cleanly unlinks its own)
+            pass
