@@ -109,7 +109,8 @@ def main(argv=None) -> int:
             if not installed:
                 return 2
             start = time.monotonic()
-            pytest_args = shlex.split(args.pytest_args)
+            # the slowest tests are listed every run: the budget (15 minutes for all of make test) is kept by them
+            pytest_args = ["--durations=15", *shlex.split(args.pytest_args)]
             print(f"==> [test] pytest tests {' '.join(pytest_args)}", flush=True)
             code = subprocess.call([str(PY), "-m", "pytest", "tests", *pytest_args], cwd=ROOT,
                                    env={**os.environ, PHASES_ENV: str(phases)})

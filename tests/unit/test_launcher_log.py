@@ -64,3 +64,18 @@ def test_assemble_backends_links_adapters_and_matches_the_python(tmp_path):
     (tmp_path / "backends" / "mine" / "model.py").unlink()
     discovery.assemble_backends(server, tmp_path)  # idempotent; drops the removed adapter
     assert not (out / "mine").exists()
+
+
+def test_auto_complete_is_off_unless_the_caller_chose():
+    """Our configs are complete: auto-complete would start a second stub per Python model for nothing. A caller's
+    own choice (either flag, with or without a value) is left alone."""
+    from pathlib import Path
+
+    from tritonllm.serving.tritonserver import TritonServer
+
+    def command(*extra):
+        return TritonServer(1, 2, 3, tritonserver="/bin/true", extra_args=list(extra)).command(Path("b"))
+
+    assert command().count("--disable-auto-complete-config") == 1
+    for own in ("--disable-auto-complete-config=false", "--strict-model-config=true", "--strict-model-config"):
+        assert command(own).count("--disable-auto-complete-config") == 0 and own in command(own)
