@@ -152,6 +152,15 @@ bench-real: build
 	$(PY) -m pip install --progress-bar off -q -e ".[bench]"
 	$(PY) benchmarks/bench_real.py $(REAL_ARGS)
 
+# Quality: perplexity of our engine (each activation_quantization mode) against llama.cpp's llama-perplexity on the
+# same GGUF and the same tokens (its measure: chunks of 512, the second half of each scored); builds llama.cpp as
+# bench-peers does when it is missing. EVAL_ARGS="--model path/to/file.gguf --chunks 32"
+EVAL_ARGS ?=
+.PHONY: eval
+eval: build
+	@$(PY) -c "import matplotlib, nvidia.cuda_runtime" 2>/dev/null || $(PY) -m pip install --progress-bar off -q -e ".[bench]"
+	$(PY) benchmarks/eval_ppl.py $(EVAL_ARGS)
+
 # The OpenAI serving path (make serve + make openai) against llama-server, vllm serve and Dynamo over our engine, on
 # the default model: one streamed load per concurrency level, a table of ratios and a plot (~20-30 minutes; builds
 # llama-server into the vendored llama.cpp on first use; vLLM comes from `make bench-peers`).

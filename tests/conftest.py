@@ -151,6 +151,13 @@ def unary_server(built_repository):
 
 
 @pytest.fixture(scope="session")
+def exact_server(built_repository):
+    """Profile ``exact`` (activation_quantization none): the default model served with the float arithmetic whose
+    greedy text and hidden states equal transformers' (test_real_model, test_openai_embeddings)."""
+    yield from _profile_server("exact")
+
+
+@pytest.fixture(scope="session")
 def toy_root(built_repository):
     from toy_repository import toy_repository
 

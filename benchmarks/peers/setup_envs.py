@@ -136,7 +136,8 @@ def llamacpp_env() -> str:
 
 
 # Targets beyond LLAMACPP_TARGETS, built into the same tree on first use: name -> the cmake switch it needs.
-LLAMACPP_EXTRA = {"llama-lookup": "-DLLAMA_BUILD_EXAMPLES=ON", "llama-server": "-DLLAMA_BUILD_SERVER=ON"}
+LLAMACPP_EXTRA = {"llama-lookup": "-DLLAMA_BUILD_EXAMPLES=ON", "llama-server": "-DLLAMA_BUILD_SERVER=ON",
+                  "llama-perplexity": "-DLLAMA_BUILD_TOOLS=ON"}
 
 
 def llamacpp_tool(name: str) -> str:
@@ -198,13 +199,7 @@ def model_with_tokenizer(model_dir: str) -> str:
     for name in os.listdir(model_dir):
         if not name.startswith("."):
             shutil.copy(os.path.join(model_dir, name), out)
-    vocab_size = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
-    make_tokenizer(vocab_size).save_pretrained(out)
-    cfg_path = os.path.join(out, "tokenizer_config.json")  # readable by transformers 4 (the converter's) too
-    cfg = json.load(open(cfg_path))
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f, indent=1)
+    save_tokenizer(json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"], out)
     with open(stamp, "w") as f:
         f.write(src_stamp)
     return out
@@ -232,28 +227,39 @@ def make_tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-def gguf_f32(py: str, model_dir: str) -> str:
-    """model_dir (with tokenizer) -> build/peers/bench-f32.gguf via the vendored converter (cached)."""
-    out = os.path.join(PEERS, "bench-f32.gguf")
+def save_tokenizer(vocab_size: int, out: str) -> None:
+    """make_tokenizer's tokenizer saved into the model folder ``out``, readable by transformers 4 (the converter's)."""
+    make_tokenizer(vocab_size).save_pretrained(out)
+    cfg_path = os.path.join(out, "tokenizer_config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=1)
+
+
+def gguf_f32(py: str, model_dir: str, out: str | None = None) -> str:
+    """model_dir (with tokenizer and a .stamp naming its contents) -> ``out`` (build/peers/bench-f32.gguf) via the
+    vendored converter (cached)."""
+    out = out or os.path.join(PEERS, "bench-f32.gguf")
     key = open(os.path.join(model_dir, ".stamp")).read() + LLAMACPP_VERSION
     stamp = out + ".stamp"
     if os.path.isfile(out) and os.path.isfile(stamp) and open(stamp).read() == key:
         return out
     run_logged([py, os.path.join(HERE, "convert_gguf.py"), os.path.join(LLAMACPP_SRC, "vendor", "llama.cpp"),
-                model_dir, out], os.path.join(PEERS, "gguf-convert.log"), "converting the checkpoint to GGUF F32")
+                model_dir, out], out + ".log", f"converting {os.path.basename(model_dir)} to GGUF F32")
     with open(stamp, "w") as f:
         f.write(key)
     return out
 
 
-def gguf_quantized(f32_gguf: str, kind: str) -> str:
-    """build/peers/bench-<kind>.gguf from the F32 GGUF by llama-quantize (Q8_0, Q4_0, Q4_K_M; cached)."""
-    out = os.path.join(PEERS, f"bench-{kind.lower()}.gguf")
+def gguf_quantized(f32_gguf: str, kind: str, out: str | None = None) -> str:
+    """``out`` (build/peers/bench-<kind>.gguf) from the F32 GGUF by llama-quantize (Q8_0, Q4_0, Q4_K_M; cached)."""
+    out = out or os.path.join(PEERS, f"bench-{kind.lower()}.gguf")
     stamp = out + ".stamp"
     key = open(f32_gguf + ".stamp").read() + kind
     if os.path.isfile(out) and os.path.isfile(stamp) and open(stamp).read() == key:
         return out
-    run_logged([QUANTIZE, f32_gguf, out, kind], os.path.join(PEERS, "gguf-quantize.log"), f"llama-quantize {kind}",
+    run_logged([QUANTIZE, f32_gguf, out, kind], out + ".log", f"llama-quantize {kind} -> {os.path.basename(out)}",
                env=dict(os.environ, LD_LIBRARY_PATH=LLAMACPP_LIB))
     with open(stamp, "w") as f:
         f.write(key)

@@ -182,3 +182,38 @@ def test_biased_and_top_logprobs_requests_do_not_draft(llama_ckpt):
     plain, _ = run_staggered(spec, prompts, lambda i: SamplingParams(max_tokens=12, end_id=-1))
     assert spec.stats.draft_tokens > 0               # the same prompts draft without those controls
     assert spec.num_free_blocks == spec.pool.num_blocks
+
+
+# ---- prompt_logprobs -------------------------------------------------------------------------------
+def test_prompt_logprobs_equal_hf_across_chunks_and_beside_the_prefix_cache(llama_ckpt):
+    """Every prompt token after the first gets log P(token | before it) equal to HF's teacher-forced log-softmax,
+    whether the prompt is computed in one step or in chunks of chunked prefill (max_num_tokens 16 < 50), beside a
+    request that filled the prefix cache with the same prompt (the scored one computes every row itself, so it is
+    never short of rows), once, on the first output; generation goes on as usual and every block comes back."""
+    eng = LLMEngine(llama_ckpt, EngineConfig(block_size=4, max_kv_tokens=2048, max_num_tokens=16,
+                                             enable_prefix_caching=True))
+    prompt = random_prompts(1, V, 50, 51, seed=3)[0]
+    ref = _hf_logprobs(llama_ckpt, prompt)
+    want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+    eng.add_request("warm", prompt, SamplingParams(max_tokens=2))  # its full blocks go to the prefix cache
+    while eng.has_work():
+        eng.step()
+    cached = eng.num_free_blocks  # the warm prompt's full blocks stay cached (and free to evict)
+    for rid in ("a", "b"):
+        eng.add_request(rid, prompt, SamplingParams(max_tokens=3, prompt_logprobs=True, return_log_probs=True))
+    outs = []
+    while eng.has_work():
+        outs += eng.step()
+    for rid in ("a", "b"):
+        mine = [o for o in outs if o.request_id == rid]
+        scored = [o.prompt_logprobs for o in mine if o.prompt_logprobs is not None]
+        assert len(scored) == 1 and mine[0].prompt_logprobs is not None, "once, on the first output"
+        assert torch.allclose(torch.tensor(scored[0]), want, atol=1e-4), (scored[0][:4], want[:4])
+        assert sum(len(o.new_token_ids) for o in mine) == 3
+    assert eng.num_free_blocks == cached
+    assert eng.stats.prefix_hit_tokens == 0, "a scored prompt computes every row itself"
+
+
+def test_prompt_logprobs_do_not_go_with_pooling():
+    with pytest.raises(InvalidRequest, match="prompt_logprobs and pooling"):
+        SamplingParams(prompt_logprobs=True, pooling="mean").verify()

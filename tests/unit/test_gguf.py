@@ -119,9 +119,10 @@ CASES = [("llama", "llama", "Q8_0"), ("llama", "llama", "Q4_1"), ("llama", "llam
 
 @pytest.mark.parametrize("arch,gguf_arch,types", CASES, ids=lambda v: v if isinstance(v, str) else "Q4_K_M")
 def test_engine_greedy_equals_transformers_gguf_loader(tmp_path, arch, gguf_arch, types):
-    """The float path (cpu_kernels torch) and the native kernels with fp32 activations (the default) both give
-    transformers' greedy tokens on the same file, token for token. A Mistral converted by llama.cpp is a llama file
-    (its usual name, "Mistral 7B Instruct", keeps it one for transformers too)."""
+    """The float path (cpu_kernels torch) and the native kernels with fp32 activations (activation_quantization
+    none, the exact mode) both give transformers' greedy tokens on the same file, token for token. A Mistral
+    converted by llama.cpp is a llama file (its usual name, "Mistral 7B Instruct", keeps it one for transformers
+    too)."""
     src = make_checkpoint(tmp_path / "hf", arch, seed=11, **WIDE)
     name = "Mistral 7B Instruct" if arch == "mistral" else arch
     path = write_gguf(tmp_path / "m.gguf", src, gguf_arch, types, name=name, seed=5)
@@ -131,7 +132,7 @@ def test_engine_greedy_equals_transformers_gguf_loader(tmp_path, arch, gguf_arch
     ref = hf_gguf_greedy(path, prompt, 12)
     assert _engine_greedy(path, prompt, 12, cpu_kernels="torch") == ref
     if cpu_kernels.load() is not None:
-        assert _engine_greedy(path, prompt, 12) == ref
+        assert _engine_greedy(path, prompt, 12, activation_quantization="none") == ref
 
 
 def test_a_llama_file_named_mistral_is_served_as_mistral(tmp_path):
@@ -146,13 +147,17 @@ def test_a_llama_file_named_mistral_is_served_as_mistral(tmp_path):
 
 @native
 def test_int8_activations_stay_within_the_documented_bound(wide_llama, tmp_path):
-    """activation_quantization int8 (llama.cpp's way) differs from the float path by the activations' rounding
-    only: logits within 10% of their scale (as for quantization at load, test_quant.py)."""
+    """activation_quantization int8 (llama.cpp's way; auto, the default, on a GGUF file's quantized tensors) differs
+    from the float path by the activations' rounding only: logits within 10% of their scale (as for quantization at
+    load, test_quant.py); none stays the float model. auto on an F32 file is none (nothing to quantize against)."""
     path = write_gguf(tmp_path / "m.gguf", wide_llama, "llama", "Q4_1")
-    fast = LLMEngine(path, EngineConfig(max_kv_tokens=256, activation_quantization="int8"))
-    exact = LLMEngine(path, EngineConfig(max_kv_tokens=256))
+    fast = LLMEngine(path, EngineConfig(max_kv_tokens=256))
+    exact = LLMEngine(path, EngineConfig(max_kv_tokens=256, activation_quantization="none"))
     ref = LLMEngine(path, EngineConfig(max_kv_tokens=256, cpu_kernels="torch"))
+    assert fast.model.activation_quantization == "int8" and exact.model.activation_quantization == "none"
     assert fast.model.layers[0].qkv.int8_activations and not exact.model.layers[0].qkv.int8_activations
+    f32 = LLMEngine(write_gguf(tmp_path / "f.gguf", wide_llama, "llama", "F32"), EngineConfig(max_kv_tokens=64))
+    assert f32.model.activation_quantization == "none"
     for seed in range(4):
         prompt = torch.randint(3, 300, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         a, e, b = (last_logits(x, prompt) for x in (fast, exact, ref))

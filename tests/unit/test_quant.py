@@ -99,7 +99,9 @@ def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation
         if kind.endswith("zeros"):
             assert int(q.q.min()) == -128                                   # |-128| as maddubs' unsigned 128
     wd = q.dequant()
-    for m in (1, 3, 4, 5, 9, cpu_kernels.MAX_ROWS):
+    # every row count runs the int8 kernel: decodes, batches, prefills past the fp32 paths' thresholds, rows over
+    # more than one L2 panel (131072 / k = 512 rows here) with a tail of single rows
+    for m in (1, 3, 4, 5, 9, cpu_kernels.MAX_ROWS + 1, cpu_kernels.TILE_MAX_ROWS + 1, 601):
         x = torch.randn(m, k)
         b = torch.randn(n)
         y = q.matmul(x, b)
@@ -108,7 +110,8 @@ def test_native_kernels_match_the_dequantized_float_matmul_within_the_activation
         err = (y.double() - ref).abs()
         assert (err <= bound * 1.0001 + 1e-4).all(), (kind, m, float((err - bound).max()))
         assert float(err.max()) > 0  # the int8 path really ran (the float fallback would be ~exact)
-    x = torch.randn(cpu_kernels.MAX_ROWS + 1, k)   # past the int8 kernels: the fp32-activation tile kernel
+    q.use_kernels(ext, int8_activations=False)      # activation_quantization none
+    x = torch.randn(cpu_kernels.MAX_ROWS + 1, k)   # past the few-row kernels: the fp32-activation tile kernel
     assert torch.allclose(q.matmul(x, None), x @ wd.t(), rtol=1e-5, atol=1e-5)
     x = torch.randn(cpu_kernels.TILE_MAX_ROWS + 1, k)   # a long prefill: the natively dequantized weight, fp32 GEMM
     calls = []

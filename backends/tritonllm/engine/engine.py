@@ -270,7 +270,7 @@ class LLMEngine:
         logits, hidden = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, rows, pooled.tensor(ids.device))
         speculating = [req for req, _ in sched.items if req.draft]
         self.scheduler.update_from_output(sched.items)
-        for req in pooled.add(hidden):
+        for req in pooled.add(hidden, self.model.head_logits):
             self._drop(req)
             outputs.append(pooled.output(req))
         self.stats.prefix_hit_tokens = self.scheduler.prefix_hits
@@ -366,9 +366,12 @@ class LLMEngine:
             ids.extend(seq[p0:p0 + n])
             pos.extend(range(p0, p0 + n))
             spans.append((req.block_table, p0, n))
-            if req.params.pooling:
+            scored = req.params.prompt_logprobs and req.prompt_lp is not None and p0 < req.num_prompt - 1
+            if req.params.pooling or scored:
                 pooled.schedule(req, start, p0, n)
-            elif req.draft:
+            if req.params.pooling:
+                continue  # prefill only: never samples
+            if req.draft:
                 spec_rows.extend(range(start + n - 1 - len(req.draft), start + n))
             elif p0 + n == len(req.token_ids):
                 sampling.append(req)
@@ -429,7 +432,10 @@ class LLMEngine:
         if reason is not None:
             req.finish_reason = reason
             self._drop(req)
+        scored = None
+        if p.prompt_logprobs and req.prompt_lp is not None:  # the request's first output carries them, once
+            scored, req.prompt_lp = req.prompt_lp, None
         return RequestOutput(req.request_id, new, new_lp, reason is not None, reason, req.num_prompt,
                              req.num_emitted, req.cum_logprob, metrics=dataclasses.replace(req.metrics),
-                             new_top_logprobs=new_top)
+                             new_top_logprobs=new_top, prompt_logprobs=scored)
 

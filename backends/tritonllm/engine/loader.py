@@ -81,10 +81,20 @@ def checkpoint_quantization(model_dir: str) -> dict | None:
         return json.load(f).get("quantization_config")
 
 
+def activation_mode(knob: str, gguf_quantized: bool) -> str:
+    """The activation_quantization a model runs: ``auto`` is int8 for a GGUF file's quantized tensors (llama.cpp
+    computes them so; make eval measures the cost: docs/quantization.md) and none elsewhere (checkpoints' AWQ /
+    GPTQ / FP8 codes and weights quantized at load keep the float model of their weights)."""
+    if knob == "auto":
+        return "int8" if gguf_quantized else "none"
+    return knob
+
+
 def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
                fp8_weights: bool = False, fp8_matmul: str = "auto", cpu_kernels: str = "auto",
                quantization: str = "none", quant_group_size: int = 32,
-               activation_quantization: str = "none") -> Transformer:
+               activation_quantization: str = "auto") -> Transformer:
+    kept = []
     if is_gguf(model_dir):
         spec, weights = read_gguf(model_dir)
         kept = sorted({type(w).__name__ for w in weights.values() if not isinstance(w, torch.Tensor)})
@@ -112,7 +122,7 @@ def load_model(model_dir: str, device: str = "auto", dtype: str = "auto",
     try:
         model = Transformer(spec, weights, dev, dt, fp8_weights=fp8_weights, fp8_matmul=fp8_matmul,
                             cpu_kernels=cpu_kernels, quantization=quantization, quant_group_size=quant_group_size,
-                            activation_quantization=activation_quantization)
+                            activation_quantization=activation_mode(activation_quantization, bool(kept)))
     except KeyError as e:
         raise ValueError(f"{model_dir}: missing weight {e.args[0]}") from e
     scales = [float(weights[k]) for k in weights if k.endswith(("self_attn.k_scale", "self_attn.v_scale"))]

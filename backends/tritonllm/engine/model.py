@@ -138,6 +138,7 @@ class Transformer:
             self.lm_head = quantize(self.lm_head, "int8", native=self.native)  # the largest matrix of small models
         for weight in self._quantized():  # codes and scales: at load, or a checkpoint's own (AWQ / GPTQ / GGUF ...)
             weight.use_kernels(self.native, int8_activations=activation_quantization == "int8")
+        self.activation_quantization = activation_quantization  # as resolved (loader.activation_mode)
         inv_freq, self.rope_scale = rope_inv_freq(spec, device)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         self.q_size = spec.num_heads * spec.head_dim
@@ -208,11 +209,16 @@ class Transformer:
                 LoraSet.apply(down, act, meta.lora, li, "down")
             h.add_(down)
         if hidden_rows is None:
-            return linear(self._norm(h.index_select(0, logits_rows), self.norm), self.lm_head).float(), None
+            return self.head_logits(self._norm(h.index_select(0, logits_rows), self.norm)), None
         n = logits_rows.numel()
         normed = self._norm(h.index_select(0, torch.cat([logits_rows, hidden_rows])), self.norm)
-        logits = linear(normed[:n], self.lm_head).float() if n else normed.new_empty(0, self.spec.vocab_size)
+        logits = self.head_logits(normed[:n]) if n else normed.new_empty(0, self.spec.vocab_size)
         return logits, normed[n:].float()
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of final hidden states (after the last norm): what ``forward`` samples from, and what a
+        scored prompt's rows (``prompt_logprobs``) turn into."""
+        return self.linear(normed, self.lm_head).float()
 
     # One fused native call each on fp32 CPU (cpu_kernels), torch's ops elsewhere.
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

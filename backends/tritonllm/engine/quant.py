@@ -9,11 +9,12 @@
   docstring), ``d`` and ``m = -d * z`` per block (a group of 64 / 128 repeats its d and m over its blocks).
 
 ``matmul(x, b)`` on fp32 CPU with the native kernels (``cpu_kernels`` auto / native):
-- ``activation_quantization: int8`` and at most ``cpu_kernels.MAX_ROWS`` rows: ``csrc/qgemm_cpu.cpp``
-  multiplies with int8 dot products, the activations quantized per row and 32-element block to int8
-  (d = amax / 127), as llama.cpp's quantized matmuls do. That rounding is the only difference from the float
-  matmul of the dequantized weights: per output it is at most sum_k |w_k| d_k / 2 (tests bound it).
-- fp32 activations (``none``), or int8 past MAX_ROWS, up to ``cpu_kernels.TILE_MAX_ROWS`` rows:
+- ``activation_quantization: int8`` (``auto`` on a GGUF file's tensors: loader.activation_mode), at every row
+  count: ``csrc/qgemm_cpu.cpp`` multiplies with int8 dot products, the activations quantized per row and 32-element
+  block to int8 (d = amax / 127), as llama.cpp's quantized matmuls do (a 512-row prefill: 2-4x oneDNN's fp32 GEMM
+  over the dequantized weight). That rounding is the only difference from the float matmul of the dequantized
+  weights: per output it is at most sum_k |w_k| d_k / 2 (tests bound it).
+- fp32 activations (``none``), up to ``cpu_kernels.TILE_MAX_ROWS`` rows:
   ``csrc/qgemm_f32_cpu.cpp``, the codes widened in registers (fewer than 8 rows) or dequantized once per 16
   weight rows into an fp32 tile that every row multiplies: the float matmul of the dequantized weights up to
   summation order.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .cpu_kernels import MAX_ROWS, TILE_MAX_ROWS
+from .cpu_kernels import TILE_MAX_ROWS
 from .linear import linear
 
 MODES = ("int8", "int4")
@@ -99,12 +100,13 @@ class _Packed:
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.native is None or not (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"):
             return _torch_linear(x, self.dequant(x.dtype), b)
-        rows = x.shape[0]
-        if rows > TILE_MAX_ROWS:
+        if self.int8_activations:  # integer dot products at every row count (prefill: ~1.5x oneDNN's fp32 GEMM)
+            kernel = getattr(self.native, self.KERNELS[0])
+        elif x.shape[0] > TILE_MAX_ROWS:
             w = self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0])
             return _torch_linear(self._stored_order(x), w, b)
-        int8 = self.int8_activations and rows <= MAX_ROWS
-        kernel = getattr(self.native, self.KERNELS[0] if int8 else self.KERNELS[1])
+        else:
+            kernel = getattr(self.native, self.KERNELS[1])
         return kernel(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b, self.shape[0])
 
 

@@ -62,6 +62,10 @@ class SamplingParams:
     # "last" (the last token's) or "mean" (over the prompt), vLLM's pooling types for embeddings. Prefill only:
     # the request ends when its prompt is computed, its KV blocks freed; max_tokens and sampling do not apply.
     pooling: str | None = None
+    # vLLM's prompt_logprobs (0 or 1 here): the log prob of every prompt token after the first, given the tokens
+    # before it, on the request's first output. Every prompt row is computed (no prefix-cache blocks), as for
+    # "mean" pooling: ``make eval``'s perplexity reads it.
+    prompt_logprobs: bool = False
 
     def verify(self) -> None:
         """Refuse values no engine can serve (InvalidRequest naming the field), as vLLM's
@@ -71,6 +75,8 @@ class SamplingParams:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.pooling not in POOLING:
             raise InvalidRequest(f"pooling must be one of {', '.join(p for p in POOLING if p)}, got {self.pooling!r}")
+        if self.prompt_logprobs and self.pooling:
+            raise InvalidRequest("prompt_logprobs and pooling do not go together: a pooled request has no tokens")
         for name, value in (("temperature", self.temperature), ("top_p", self.top_p),
                             ("repetition_penalty", self.repetition_penalty),
                             ("presence_penalty", self.presence_penalty),
@@ -177,6 +183,7 @@ class Request:
     embedding_bias: torch.Tensor | None = None  # params.embedding_bias, fp32, vocab-wide, on the model's device
     pool_sum: torch.Tensor | None = None  # params.pooling: the pooled hidden states of the prompt computed so far
     pool_count: int = 0
+    prompt_lp: list[float] = field(default_factory=list)  # params.prompt_logprobs: prompt tokens 1.. scored so far
     lora_root: int | None = None  # the KV hash root of the request's LoRA adapter (LoraAdapter.root); None = base
 
     def __post_init__(self) -> None:
@@ -221,6 +228,8 @@ class RequestOutput:
     # descending, ties by id; empty when top_logprobs == 0
     new_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     embedding: list[float] | None = None  # params.pooling: the pooled vector, on the final output
+    # params.prompt_logprobs, on the request's first output: log P(prompt[i] | prompt[:i]) for i = 1 .. n - 1
+    prompt_logprobs: list[float] | None = None
 
 
 def admit(unfinished: set[str], request_ids: list[str], capacity: int, max_queue_size: int, running: int) -> None:

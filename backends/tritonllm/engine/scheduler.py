@@ -154,8 +154,9 @@ class Scheduler:
             if self._deferred(req):
                 continue
             hit = -1
-            if self.config.enable_prefix_caching and req.num_computed == 0 and req.params.pooling != "mean":
-                hit = req.num_computed = self.kv.match_prefix(req)  # a mean needs every prompt row (pooling.py)
+            if self.config.enable_prefix_caching and req.num_computed == 0 and req.params.pooling != "mean" \
+                    and not req.params.prompt_logprobs:
+                hit = req.num_computed = self.kv.match_prefix(req)  # a mean or a scored prompt reads every row
             remaining = len(req.token_ids) - req.num_computed
             if not self.config.enable_chunked_prefill and remaining > budget:
                 break

@@ -121,12 +121,21 @@ def port_holders(port: int) -> list[tuple[int, str]]:
         if not proc.name.isdigit():
             continue
         try:
-            if any(os.readlink(fd) in wanted for fd in (proc / "fd").iterdir()):
+            if any(_fd_target(fd) in wanted for fd in (proc / "fd").iterdir()):
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
                 found.append((int(proc.name), cmd))
-        except OSError:  # gone, or not ours to read
+        except OSError:  # the process is gone, or not ours to read
             continue
     return found
+
+
+def _fd_target(fd: Path) -> str:
+    """What an open file descriptor points at; "" when it closed since it was listed (a busy process, such as the
+    one holding the port, opens and closes others all the time: one closed fd must not hide the rest)."""
+    try:
+        return os.readlink(fd)
+    except OSError:
+        return ""
 
 
 def describe_holders(port: int) -> str:

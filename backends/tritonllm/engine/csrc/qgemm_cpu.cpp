@@ -185,19 +185,28 @@ inline void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_
   store8<MB>(a, acc, g, m0);
 }
 
-template <class Tile1, class Tile4, class Tile8>
-torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, Tile1 tile1, Tile4 tile4, Tile8 tile8, int64_t G) {
+constexpr int64_t PANEL_BYTES = 128 * 1024;
+
+// Tiles of 4 activation rows: a tile's accumulators and block sums (8 + the weights' registers) fit AVX2's 16; 8 rows
+// spill them to the stack at every chunk (measured 2-3x slower at 512 rows: docs/benchmarks.md, issue 43).
+template <class Tile1, class Tile4>
+torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, Tile1 tile1, Tile4 tile4, int64_t G) {
   auto y = torch::empty({x.size(0), base.N}, x.options());
   X8Args a = base;
   a.y = y.data_ptr<float>();
   a.M = x.size(0);
   const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, a.K);
+  // Rows in panels whose int8 codes (PANEL_BYTES) stay in L2 while the thread's groups of 8 weight rows pass over
+  // them: a prefill reads each panel once from memory and its weights once per panel (a decode is one panel).
+  const int64_t panel = std::max<int64_t>(4, PANEL_BYTES / a.K / 4 * 4);
   at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      int64_t mm = 0;
-      for (; mm + 8 <= a.M; mm += 8) tile8(a, xq, g, mm);
-      for (; mm + 4 <= a.M; mm += 4) tile4(a, xq, g, mm);
-      for (; mm < a.M; ++mm) tile1(a, xq, g, mm);
+    for (int64_t r0 = 0; r0 < a.M; r0 += panel) {
+      const int64_t r1 = std::min(a.M, r0 + panel);
+      for (int64_t g = begin; g < end; ++g) {
+        int64_t mm = r0;
+        for (; mm + 4 <= r1; mm += 4) tile4(a, xq, g, mm);
+        for (; mm < r1; ++mm) tile1(a, xq, g, mm);
+      }
     }
   });
   return y;
@@ -255,18 +264,18 @@ X8Layout q8x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch
 template <typename S>
 torch::Tensor run_q8x8(const torch::Tensor& x, const X8Layout& l) {
   const X8Args& a = l.args;
-  if (l.sub16) return run_x8(x, a, q8x8_tile<S, true, true, 1>, q8x8_tile<S, true, true, 4>, q8x8_tile<S, true, true, 8>, l.G);
+  if (l.sub16) return run_x8(x, a, q8x8_tile<S, true, true, 1>, q8x8_tile<S, true, true, 4>, l.G);
   if (l.per_block)
-    return run_x8(x, a, q8x8_tile<S, true, false, 1>, q8x8_tile<S, true, false, 4>, q8x8_tile<S, true, false, 8>, l.G);
-  return run_x8(x, a, q8x8_tile<S, false, false, 1>, q8x8_tile<S, false, false, 4>, q8x8_tile<S, false, false, 8>, l.G);
+    return run_x8(x, a, q8x8_tile<S, true, false, 1>, q8x8_tile<S, true, false, 4>, l.G);
+  return run_x8(x, a, q8x8_tile<S, false, false, 1>, q8x8_tile<S, false, false, 4>, l.G);
 }
 
 torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                           const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
   const X8Layout l = q4x8_layout(x, q, d, m, b, N);
   if (l.fp16_scales)
-    return run_x8(x, l.args, q4x8_tile<at::Half, 1>, q4x8_tile<at::Half, 4>, q4x8_tile<at::Half, 8>, l.G);
-  return run_x8(x, l.args, q4x8_tile<float, 1>, q4x8_tile<float, 4>, q4x8_tile<float, 8>, l.G);
+    return run_x8(x, l.args, q4x8_tile<at::Half, 1>, q4x8_tile<at::Half, 4>, l.G);
+  return run_x8(x, l.args, q4x8_tile<float, 1>, q4x8_tile<float, 4>, l.G);
 }
 
 torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
@@ -309,8 +318,8 @@ void dequant_x8_into(const uint8_t* qp, const S* dp, const S* mp, float* wp, boo
   });
 }
 
-// The float weight [N, K] of an interleaved int8 / int4 layout, for prefill-sized inputs: there oneDNN's fp32
-// GEMM outruns the int8 dot products (maddubs-bound) and needs the weight once per call (quant.py).
+// The float weight [N, K] of an interleaved int8 / int4 layout, for prefill-sized inputs with fp32 activations
+// (activation_quantization none): oneDNN's fp32 GEMM over it needs the weight once per call (quant.py).
 torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c10::optional<torch::Tensor>& m,
                          int64_t N) {
   const bool int4 = q.scalar_type() == at::kByte;
