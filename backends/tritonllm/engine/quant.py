@@ -11,8 +11,8 @@
 ``matmul(x, b)`` on fp32 CPU with the native kernels (``cpu_kernels`` auto / native):
 - ``activation_quantization: int8`` (``auto`` on a GGUF file's tensors: loader.activation_mode), at every row
   count: ``csrc/qgemm_cpu.cpp`` multiplies with int8 dot products, the activations quantized per row and 32-element
-  block to int8 (d = amax / 127), as llama.cpp's quantized matmuls do (a 512-row prefill: 2-4x oneDNN's fp32 GEMM
-  over the dequantized weight). That rounding is the only difference from the float matmul of the dequantized
+  block to int8 (d = amax / 127), as llama.cpp's quantized matmuls do (a 512-row prefill: 2.8-4.1x oneDNN's fp32
+  GEMM over the dequantized weight). That rounding is the only difference from the float matmul of the dequantized
   weights: per output it is at most sum_k |w_k| d_k / 2 (tests bound it).
 - fp32 activations (``none``), up to ``cpu_kernels.TILE_MAX_ROWS`` rows:
   ``csrc/qgemm_f32_cpu.cpp``, the codes widened in registers (fewer than 8 rows) or dequantized once per 16
@@ -100,7 +100,7 @@ class _Packed:
     def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if self.native is None or not (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"):
             return _torch_linear(x, self.dequant(x.dtype), b)
-        if self.int8_activations:  # integer dot products at every row count (prefill: ~1.5x oneDNN's fp32 GEMM)
+        if self.int8_activations:  # integer dot products at every row count (prefill: ~3x oneDNN's fp32 GEMM)
             kernel = getattr(self.native, self.KERNELS[0])
         elif x.shape[0] > TILE_MAX_ROWS:
             w = self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0])

@@ -62,8 +62,8 @@ class SamplingParams:
     # "last" (the last token's) or "mean" (over the prompt), vLLM's pooling types for embeddings. Prefill only:
     # the request ends when its prompt is computed, its KV blocks freed; max_tokens and sampling do not apply.
     pooling: str | None = None
-    # vLLM's prompt_logprobs (0 or 1 here): the log prob of every prompt token after the first, given the tokens
-    # before it, on the request's first output. Every prompt row is computed (no prefix-cache blocks), as for
+    # vLLM's prompt_logprobs, without top alternatives: the log prob of every prompt token after the first, given the
+    # tokens before it, on the request's first output. Every prompt row is computed (no prefix-cache blocks), as for
     # "mean" pooling: ``make eval``'s perplexity reads it.
     prompt_logprobs: bool = False
 

@@ -188,7 +188,7 @@ inline void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_
 constexpr int64_t PANEL_BYTES = 128 * 1024;
 
 // Tiles of 4 activation rows: a tile's accumulators and block sums (8 + the weights' registers) fit AVX2's 16; 8 rows
-// spill them to the stack at every chunk (measured 2-3x slower at 512 rows: docs/benchmarks.md, issue 43).
+// spill them to the stack at every chunk (measured 2.9x slower at 512 rows: docs/quantization.md, "The matmuls").
 template <class Tile1, class Tile4>
 torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, Tile1 tile1, Tile4 tile4, int64_t G) {
   auto y = torch::empty({x.size(0), base.N}, x.options());
