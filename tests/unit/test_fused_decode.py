@@ -12,6 +12,7 @@ from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.request import SamplingParams
 
 from engine_helpers import make_checkpoint
+from gguf_helpers import write_gguf
 
 pytestmark = pytest.mark.skipif(load() is None, reason="native CPU kernels not available on this machine")
 SHAPE = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
@@ -45,6 +46,22 @@ def test_fused_steps_equal_the_per_layer_path_bit_for_bit(tmp_path, arch, quanti
     fused, per_layer = _run(engine, True), _run(engine, False)
     assert fused == per_layer and all(len(v) == 12 for v in fused.values())
     assert engine.num_free_blocks == engine.kv_manager.num_blocks
+
+
+@pytest.mark.parametrize("activations", ["int8", "none"])
+def test_fused_steps_over_a_gguf_files_packed_codes_equal_the_per_layer_path(tmp_path, activations):
+    """A GGUF file's Q5_0 and Q6_K tensors (5- and 6-bit codes, packed) next to Q4_K and Q8_0 ones, in one stack."""
+    from tritonllm.engine.quant_nbit import IntNWeight
+
+    wide = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    path = write_gguf(tmp_path / "mix.gguf", make_checkpoint(tmp_path / "hf", "llama", seed=5, **wide), "llama",
+                      {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_output": "Q8_0", "ffn_gate": "Q4_K", "": "Q5_0"})
+    engine = LLMEngine(path, EngineConfig(max_kv_tokens=1024, block_size=4, activation_quantization=activations))
+    layer = engine.model.layers[0]
+    assert isinstance(layer.down, IntNWeight) and layer.down.bits == 6
+    assert engine.model.decode_stack is not None
+    fused, per_layer = _run(engine, True), _run(engine, False)
+    assert fused == per_layer and all(len(v) == 12 for v in fused.values())
 
 
 def test_models_the_stack_does_not_cover_take_the_per_layer_path(tmp_path):

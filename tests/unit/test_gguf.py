@@ -16,6 +16,7 @@ from tritonllm.engine.gguf_blocks import SUPPORTED
 from tritonllm.engine.gguf_checkpoint import read_gguf
 from tritonllm.engine.hf_config import UnsupportedModelError
 from tritonllm.engine.quant import Int4Weight, Int8Weight, RowStack
+from tritonllm.engine.quant_nbit import IntNWeight
 from tritonllm.engine.request import SamplingParams
 
 from engine_helpers import hf_greedy, last_logits, make_checkpoint
@@ -79,26 +80,30 @@ def test_every_type_dequantizes_bit_for_bit_as_gguf_does(wide_llama, tmp_path, t
         if isinstance(w, torch.Tensor):
             assert torch.equal(w.float(), expected), name
             continue
-        assert isinstance(w, (Int4Weight, Int8Weight)), (name, type(w))
+        assert isinstance(w, (Int4Weight, Int8Weight, IntNWeight)), (name, type(w))
         assert torch.equal(w.dequant(), expected), name                      # torch's dequantization
         ids = torch.tensor([0, 5, w.shape[0] - 1, 7])
         assert torch.equal(w.rows(ids), expected[ids]), name                 # an embedding's lookup
         if ext is not None:                                                  # the native one (prefill)
-            assert torch.equal(ext.dequant_x8(w.qx, w.dx, w.mx, w.shape[0]), expected), name
+            assert torch.equal(w.dequant_native(ext), expected), name
     assert checked == (1 if spec.tie_word_embeddings else 2) + spec.num_layers * 7
 
 
-@pytest.mark.parametrize("type_name,ratio", [("Q4_0", 20 / 18), ("Q4_1", 1.0), ("Q8_0", 1.0)])
+@pytest.mark.parametrize("type_name,ratio", [("Q4_0", 20 / 18), ("Q4_1", 1.0), ("Q8_0", 1.0), ("Q5_0", 1.0),
+                                             ("Q6_K", 1.0), ("Q4_K", 148 / 144), ("Q5_K", 180 / 176)])
 def test_quantized_weights_take_no_more_memory_than_the_file(wide_llama, tmp_path, type_name, ratio):
-    """fp16 scales where the file's are (Q4_0 / Q4_1 / Q8_0): the engine holds the file's bytes per block (Q4_0 adds
-    its shift m = -8 d: 20 bytes per 32 weights for the file's 18)."""
+    """fp16 scales where the file's are (Q4_0 / Q4_1 / Q8_0 / Q5_0), the K-quants' factored as the file has them
+    (int8 codes and a float16 per 256): the engine holds the file's bytes per block (Q4_0 adds its shift m = -8 d: 20
+    bytes per 32 weights for the file's 18; Q4_K / Q5_K hold d and dmin per row of 256 inputs: 148 / 180 for 144 /
+    176); Q5_x and Q6_K keep their 5- and 6-bit codes packed."""
     import gguf
 
     path = write_gguf(tmp_path / "m.gguf", wide_llama, "llama", type_name)
     _, weights = read_gguf(path)
     held = sum(w.nbytes for w in weights.values() if not isinstance(w, torch.Tensor))
     stored = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if t.tensor_type.name == type_name)
-    assert all(w.dx.dtype == torch.float16 for w in weights.values() if not isinstance(w, torch.Tensor))
+    kept = [w for w in weights.values() if not isinstance(w, torch.Tensor)]
+    assert all(w.dx.dtype == (torch.int8 if type_name.endswith("_K") else torch.float16) for w in kept)
     assert held <= stored * ratio * 1.015, (held, stored)  # + rows padded to groups of 8 (vocabulary 300 -> 304)
 
 
@@ -169,9 +174,10 @@ def test_mixed_types_in_one_layer_fuse_into_a_row_stack(wide_llama, tmp_path):
     path = write_gguf(tmp_path / "km.gguf", wide_llama, "llama", K_M)
     eng = LLMEngine(path, EngineConfig(max_kv_tokens=64))
     layer = eng.model.layers[0]
-    assert isinstance(layer.qkv, RowStack) and [type(p) for p in layer.qkv.parts] == [Int4Weight, Int8Weight]
-    assert isinstance(layer.down, Int8Weight) and layer.down.d.shape[1] == 512 // 16  # Q6_K: 16-element scales
-    assert isinstance(eng.model.embed, Int8Weight) and isinstance(eng.model.lm_head, Int4Weight)  # kept as stored
+    assert isinstance(layer.qkv, RowStack) and [type(p) for p in layer.qkv.parts] == [Int4Weight, IntNWeight]
+    assert isinstance(layer.down, IntNWeight) and layer.down.bits == 6 and layer.down.zero == 32
+    assert layer.down.d.shape[1] == 512 // 16                                               # Q6_K: 16-element scales
+    assert isinstance(eng.model.embed, IntNWeight) and isinstance(eng.model.lm_head, Int4Weight)  # kept as stored
 
 
 def test_unsupported_types_and_tensors_are_refused_by_name(wide_llama, tmp_path):

@@ -11,6 +11,7 @@ from tritonllm.engine import cpu_kernels
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.quant import Int4Weight, Int8Weight, quantize
+from tritonllm.engine.quant_nbit import IntNWeight
 from tritonllm.engine.request import SamplingParams
 
 from engine_helpers import hf_greedy, last_logits, make_checkpoint
@@ -136,12 +137,47 @@ def _block_layouts(w: torch.Tensor) -> dict:
         "int8_half_blocks": lambda: Int8Weight.from_blocks(
             torch.randint(-32, 32, (n, k), generator=g, dtype=torch.int8),
             torch.rand(n, k // 16, generator=g) * 0.01 + 1e-3, None, native=ext),            # fp32 (not fp16-exact)
+        "int5_f16_zero16": lambda: IntNWeight.from_blocks(_codes(n, k, 5, g), d32, None, 5, 16, native=ext),  # Q5_0
+        "int5_f16_zeros": lambda: IntNWeight.from_blocks(_codes(n, k, 5, g), d32, m32, 5, 0, native=ext),   # Q5_1 / K
+        "int6_half_blocks": lambda: IntNWeight.from_blocks(                                                 # Q6_K
+            _codes(n, k, 6, g), torch.rand(n, k // 16, generator=g) * 0.01 + 1e-3, None, 6, 32, native=ext),
+        "int4_kscales": lambda: _k_weight(_codes(n, k, 4, g), 0, _factored(n, k, 32, True, g)),        # Q4_K
+        "int5_kscales": lambda: _k_weight(_codes(n, k, 5, g), 0, _factored(n, k, 32, True, g)),        # Q5_K
+        "int6_kscales": lambda: _k_weight(_codes(n, k, 6, g), 32, _factored(n, k, 16, False, g)),      # Q6_K
     }
+
+
+def _k_weight(q: torch.Tensor, zero: int, scales: tuple, factored: bool = True):
+    d, m, factors = scales
+    bits = int(q.max()).bit_length()
+    if bits <= 4:
+        return Int4Weight.from_blocks(q, d, m, native=ext, factors=factors if factored else None)
+    return IntNWeight.from_blocks(q, d, m, bits, zero, native=ext, factors=factors if factored else None)
+
+
+def _factored(n: int, k: int, per: int, shifts: bool, g: torch.Generator) -> tuple:
+    """GGUF K-quant scales: (d, m, factors), d = codes * a float16 per 256 inputs (Q4_K / Q5_K: unsigned 6-bit codes
+    and m = codes * -dmin; Q6_K: signed 8-bit codes per 16, no m), as gguf_blocks hands them over."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1000, (1,), generator=g)))
+    lo = 0 if shifts else -128
+    dq = torch.randint(lo, 64 if shifts else 128, (n, k // per), generator=gen).float()
+    dsup = (torch.rand(n, k // 256, generator=gen) * 1e-3 + 1e-4).half().float()
+    d = dq * dsup.repeat_interleave(256 // per, dim=1)
+    if not shifts:
+        return d, None, (dq, dsup, None, None)
+    mq = torch.randint(0, 64, (n, k // 32), generator=gen).float()
+    msup = -(torch.rand(n, k // 256, generator=gen) * 1e-3).half().float()
+    return d, mq * msup.repeat_interleave(8, dim=1), (dq, dsup, mq, msup)
+
+
+def _codes(n: int, k: int, bits: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
 
 
 @native
 @pytest.mark.parametrize("kind", ["int8", "int4", "int4_g128_sym", "int8_g64_zeros", "int4_f16", "int8_f16_zeros",
-                                  "int8_half_blocks"])
+                                  "int8_half_blocks", "int5_f16_zero16", "int5_f16_zeros", "int6_half_blocks",
+                                  "int4_kscales", "int5_kscales", "int6_kscales"])
 def test_native_kernels_with_fp32_activations_are_the_float_matmul(kind):
     """activation_quantization none: the codes widened in registers times fp32 activations equal the float matmul
     of the dequantized weights up to fp32 summation order; int8 activations stay within their bound on the GGUF
@@ -153,8 +189,8 @@ def test_native_kernels_with_fp32_activations_are_the_float_matmul(kind):
                "int4_g128_sym": lambda: Int4Weight(w, 128, True, ext),
                "int8_g64_zeros": lambda: _int8_groups(w, 64, True), **_block_layouts(w)}
     q = layouts[kind]()
-    assert (q.dx.dtype == torch.float16) == ("f16" in kind)
-    assert (q.dx.shape[1] == k // 16) == (kind == "int8_half_blocks")
+    assert (q.dx.dtype == torch.float16) == ("f16" in kind) and (q.dx.dtype == torch.int8) == ("kscales" in kind)
+    assert (q.dx.shape[1] == k // 16) == (kind.endswith("half_blocks") or kind == "int6_kscales")
     wd = q.dequant().double()
     for m in (1, 3, 4, 5, 8, 9, 12, 16, 31, cpu_kernels.MAX_ROWS, cpu_kernels.TILE_MAX_ROWS):  # 8+: dequantized tiles
         x, b = torch.randn(m, k), torch.randn(n)
@@ -165,6 +201,77 @@ def test_native_kernels_with_fp32_activations_are_the_float_matmul(kind):
         q.use_kernels(ext, int8_activations=True)
         err = (q.matmul(x, b).double() - ref).abs()
         assert (err <= _activation_bound(x.double(), wd) * 1.0001 + 1e-4).all(), (kind, m)
+
+
+@native
+@pytest.mark.parametrize("bits, zero, shifts", [(5, 16, False), (5, 0, True), (6, 32, False)])
+def test_packed_5_and_6_bit_codes_compute_exactly_what_int8_codes_do(bits, zero, shifts):
+    """IntNWeight (GGUF's Q5_0, Q5_1 / Q5_K, Q6_K kept packed) against the same weights as signed int8 codes
+    (Int8Weight.from_blocks, what held them before): codes and values back exactly, and every kernel (int8 and fp32
+    activations, decode to prefill rows, the native dequantization) bit for bit the same result, in fewer bytes."""
+    g = torch.Generator().manual_seed(bits + zero)
+    n, k = 37, 256
+    q = _codes(n, k, bits, g)
+    q[0, :3] = torch.tensor([0, (1 << bits) - 1, zero])                      # both ends and the offset itself
+    d = (torch.rand(n, k // (16 if bits == 6 else 32), generator=g) * 0.01 + 1e-3).half().float()
+    m = (-(torch.rand(n, k // 32, generator=g) * 0.05)).half().float() if shifts else None
+    w = IntNWeight.from_blocks(q, d, m, bits, zero, native=ext)
+    ref = Int8Weight.from_blocks((q.to(torch.int16) - zero).to(torch.int8), d, m, native=ext)
+    assert torch.equal(w.codes(), q) and torch.equal(w.dequant(), ref.dequant())
+    assert torch.equal(w.dequant_native(ext), ref.dequant())
+    ids = torch.tensor([0, 5, n - 1, 7])
+    assert torch.equal(w.rows(ids), ref.dequant()[ids])
+    assert w.nbytes < 0.8 * ref.nbytes
+    fused = IntNWeight.cat([w, w])                                           # 37 rows: a partial group, repacked
+    assert fused.shape == (2 * n, k) and torch.equal(fused.dequant(), torch.cat([ref.dequant()] * 2))
+    for m_rows in (1, 3, 4, 5, 9, cpu_kernels.MAX_ROWS + 1, cpu_kernels.TILE_MAX_ROWS + 1, 601):
+        x, b = torch.randn(m_rows, k), torch.randn(n)
+        for int8_activations in (True, False):
+            w.use_kernels(ext, int8_activations)
+            ref.use_kernels(ext, int8_activations)
+            assert torch.equal(w.matmul(x, b), ref.matmul(x, b)), (m_rows, int8_activations)
+
+
+@native
+@pytest.mark.parametrize("kind", ["int4", "int5", "int6"])
+def test_factored_k_quant_scales_compute_exactly_what_whole_scales_do(kind):
+    """Q4_K / Q5_K / Q6_K scales kept as the file factors them (int8 codes times a float16 per 256 inputs): the
+    same d and m, bit for bit the same products and dequantized weights as those scales stored whole, in fewer bytes."""
+    g = torch.Generator().manual_seed(11)
+    n, k = 24, 512
+    bits, per, shifts = {"int4": (4, 32, True), "int5": (5, 32, True), "int6": (6, 16, False)}[kind]
+    q = _codes(n, k, bits, g)
+    q[0, 0] = (1 << bits) - 1                                                  # the top code: bits read from q
+    scales = _factored(n, k, per, shifts, g)
+    d, m, factors = scales
+    make = lambda f: _k_weight(q, 0 if shifts else 32, (d, m, f), f is not None)  # noqa: E731
+    fact, whole = make(factors), make(None)
+    assert fact.dx.dtype == torch.int8 and fact.dsup.shape == (n // 8, k // 256, 8) and whole.dsup is None
+    assert torch.equal(fact.d, whole.d) and (m is None or torch.equal(fact.m, whole.m))
+    assert torch.equal(fact.dequant(), whole.dequant()) and torch.equal(fact.dequant_native(ext), whole.dequant())
+    ids = torch.tensor([3, 0, n - 1])
+    assert torch.equal(fact.rows(ids), whole.rows(ids))
+    assert fact.nbytes < whole.nbytes
+    for rows in (1, 4, 7, 16, cpu_kernels.TILE_MAX_ROWS + 1):
+        x = torch.randn(rows, k)
+        for int8_activations in (True, False):
+            fact.use_kernels(ext, int8_activations)
+            whole.use_kernels(ext, int8_activations)
+            assert torch.equal(fact.matmul(x, None), whole.matmul(x, None)), (rows, int8_activations)
+    fused = type(fact).cat([fact, make(factors)])                             # q / k fused: factors stack too
+    assert fused.dsup is not None and torch.equal(fused.dequant()[n:], whole.dequant())
+    bad = (torch.where(factors[0] > 0, factors[0] - 1, factors[0] + 1), *factors[1:])  # codes off by one, in range
+    with pytest.raises(ValueError, match="do not give the scales exactly"):
+        make(bad)
+
+
+def test_packed_codes_refuse_what_does_not_fit():
+    with pytest.raises(ValueError, match="a code above 31"):
+        IntNWeight.from_blocks(torch.full((8, 32), 32, dtype=torch.uint8), torch.ones(8, 1), None, 5, 16)
+    with pytest.raises(ValueError, match="do not fit"):                     # 6-bit scales are per 16 elements
+        IntNWeight.from_blocks(torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), None, 6, 32)
+    with pytest.raises(ValueError, match="bits must be one of"):
+        IntNWeight.from_blocks(torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), None, 7, 0)
 
 
 @pytest.fixture(scope="module")

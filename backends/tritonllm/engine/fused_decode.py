@@ -3,9 +3,10 @@
 On fp32 CPU a decode step of a deep, narrow model spends a fifth of its time between kernels (SmolLM2-135M: 30
 layers x ~10 calls through each weight's Python dispatch, ~1.1 ms of a 5 ms step). ``build`` hands every layer's
 weights to the native stack once, each as the kernel its own ``matmul`` would call on few rows (fp32 ``linear``,
-``linear_q4x8`` / ``_f32``, ``linear_q8x8`` / ``_f32``), so a fused step runs the same kernels on the same tensors
-in the same order: the logits are bit for bit those of the per-layer path (tested). ``None`` when any layer has
-something the stack does not run (FP8 or row-stacked weights, an input permutation, q / k norms, another
+``linear_q4x8`` / ``_f32``, ``linear_q8x8`` / ``_f32``, ``linear_nbit`` / ``_f32``; a RowStack's parts each by its
+own, concatenated: a GGUF Q4_K_M file's Q4_K q / k beside its Q6_K v), so a fused step runs the same kernels on the
+same tensors in the same order: the logits are bit for bit those of the per-layer path (tested). ``None`` when any
+layer has something the stack does not run (FP8 weights, an input permutation, q / k norms, another
 activation than SiLU, no native kernels): the per-layer path then serves every step, as it serves every step
 with a prefill, LoRA, a quantized KV cache or more rows than the few-row kernels take (``applies``).
 """
@@ -14,26 +15,31 @@ from __future__ import annotations
 import torch
 
 from .cpu_kernels import KV_DTYPES, MAX_ROWS
-from .quant import Int4Weight, Int8Weight
+from .quant import Int4Weight, Int8Weight, RowStack
+from .quant_nbit import IntNWeight
 
 # csrc/decode_cpu.cpp's Kind
-F32, Q4, Q4_F32, Q8, Q8_F32 = range(5)
+F32, Q4, Q4_F32, Q8, Q8_F32, QN, QN_F32, ROWS = range(8)
 
 
 def projection(w, b: torch.Tensor | None) -> tuple | None:
-    """(kind, weight or codes, scales, zero shares, bias, output rows) as the stack takes it, or None."""
+    """(kind, weight or codes, scales, zero shares, bias, output rows[, high-bit planes, offset]) as the stack takes
+    it, or None."""
     if b is not None and not (b.dtype == torch.float32 and b.is_contiguous()):
         return None
     if isinstance(w, torch.Tensor):
         ok = w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous() and w.device.type == "cpu"
         return (F32, w, None, None, b, w.shape[0]) if ok else None
-    if type(w) not in (Int4Weight, Int8Weight) or w.native is None or w.perm is not None:
+    if isinstance(w, RowStack):  # parts of different layouts: each its own kernel, outputs concatenated, then b
+        parts = [projection(p, None) for p in w.parts]
+        return None if any(p is None for p in parts) else (ROWS, parts, None, None, b, w.shape[0])
+    if type(w) not in (Int4Weight, Int8Weight, IntNWeight) or w.native is None or w.perm is not None:
         return None
+    if isinstance(w, IntNWeight):
+        return QN if w.int8_activations else QN_F32, w.qx, w.dx, w.mx, b, w.shape[0], w.hx, w.zero, w.dsup, w.msup
     if isinstance(w, Int4Weight):
-        kind = Q4 if w.int8_activations else Q4_F32
-    else:
-        kind = Q8 if w.int8_activations else Q8_F32
-    return kind, w.qx, w.dx, w.mx, b, w.shape[0]
+        return Q4 if w.int8_activations else Q4_F32, w.qx, w.dx, w.mx, b, w.shape[0], None, 0, w.dsup, w.msup
+    return Q8 if w.int8_activations else Q8_F32, w.qx, w.dx, w.mx, b, w.shape[0]
 
 
 def build(model):

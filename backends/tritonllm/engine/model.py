@@ -21,6 +21,7 @@ from . import fused_decode
 from .fp8 import FP8Weight, wants_scaled_mm
 from .kv_quant import load, store
 from .quant import Int4Weight, Int8Weight, RowStack, quantize
+from .quant_nbit import IntNWeight
 from .hf_config import ModelSpec, rope_inv_freq
 from .lora import LoraSet
 
@@ -58,12 +59,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _fuse(parts: list):
-    """Rows of projections over one input: float tensors, or a checkpoint's Int4Weights / Int8Weights (GGUF mixes
+    """Rows of projections over one input: float tensors, or a checkpoint's Int4 / Int8 / IntNWeights (GGUF mixes
     them within a layer, e.g. Q4_K q / k with a Q6_K v: one RowStack)."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts, 0).contiguous()
-    for cls in (Int4Weight, Int8Weight):
-        if all(isinstance(p, cls) for p in parts):
+    for cls in (Int4Weight, Int8Weight, IntNWeight):
+        if all(type(p) is cls for p in parts):
             return cls.cat(parts)
     if not any(isinstance(p, torch.Tensor) for p in parts):  # neighbours of one class fuse: fewer kernel calls
         runs: list[list] = []

@@ -20,119 +20,17 @@
   summation order.
 - longer prefills: the weight dequantized natively, then oneDNN's fp32 GEMM.
 Other dtypes or devices and ``cpu_kernels: torch`` dequantize in torch: exactly the float model either way.
+(quant_packed.Packed chooses among these for every layout; quant_nbit.IntNWeight is the 5- / 6-bit one.)
 """
 from __future__ import annotations
 
 import torch
 
-from .cpu_kernels import TILE_MAX_ROWS
-from .linear import linear
+from .quant_packed import QK, Packed, RowStack, block_scales, check_factors, interleave, pad_rows, row_scales
 
 MODES = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
-QK = 32  # the native kernels' block
-
-
-class _Packed:
-    """What Int8Weight and Int4Weight share: the stored input order (``perm``, GPTQ act order: x[:, perm] @ W^T
-    is the product), fusing rows over one input (``cat``), moving to a device, the scales' storage type."""
-
-    perm = None
-    TENSORS: tuple[str, ...] = ()
-
-    def _store_scales(self, dx: torch.Tensor, mx: torch.Tensor | None) -> None:
-        """fp16 when every scale and shift is exactly a float16 (a GGUF file's own d and m), else fp32: half the
-        scale bytes where nothing is lost (the kernels read either)."""
-        dx, mx = dx.float(), None if mx is None else mx.float()
-        if all(t is None or torch.equal(t.half().float(), t) for t in (dx, mx)):
-            dx, mx = dx.half(), None if mx is None else mx.half()
-        self.dx, self.mx = dx.contiguous(), None if mx is None else mx.contiguous()
-
-    @classmethod
-    def cat(cls, parts: list):
-        """Rows of several weights over the same input (fused q/k/v, gate/up): one weight of this class, or a
-        RowStack when the parts differ in layout (input order, group size, per-channel vs per-group scales)."""
-        first = parts[0]
-        if any(type(p) is not cls or p.shape[1] != first.shape[1] for p in parts):
-            raise ValueError("fused quantized weights need the same type and input size")
-        same = all(p.layout() == first.layout() for p in parts) and all(
-            (p.perm is None and first.perm is None) or
-            (p.perm is not None and first.perm is not None and torch.equal(p.perm, first.perm)) for p in parts)
-        if not same:
-            return RowStack(parts)
-        return cls._fuse(parts)
-
-    @classmethod
-    def _fuse(cls, parts: list):
-        """Parts of the same layout and input order, stacked row-wise."""
-        self = cls.__new__(cls)
-        self.__dict__.update(parts[0].__dict__)
-        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
-        self.qx = torch.cat([p.qx for p in parts]).contiguous()
-        self._store_scales(torch.cat([p.dx.float() for p in parts]),
-                           None if parts[0].mx is None else torch.cat([p.mx.float() for p in parts]))
-        return self
-
-    int8_activations = True  # the native few-row matmul quantizes activations per 32-block (else fp32 activations)
-
-    def use_kernels(self, native, int8_activations: bool = True) -> None:
-        """Multiply with the native kernels ``native`` (None: torch) where the layout allows (whole 32-blocks),
-        with activations quantized to int8 (llama.cpp's way) or kept in fp32 (the dequantized weights' float
-        product)."""
-        self.native = native if native is not None and self.shape[1] % QK == 0 else None
-        self.int8_activations = int8_activations
-
-    def to(self, device: torch.device):
-        for name in self.TENSORS:
-            if getattr(self, name) is not None:
-                setattr(self, name, getattr(self, name).to(device))
-        self.perm = None if self.perm is None else self.perm.to(device)
-        return self
-
-    def _in_model_order(self, w: torch.Tensor) -> torch.Tensor:
-        return w if self.perm is None else torch.empty_like(w).index_copy_(1, self.perm, w)
-
-    def _stored_order(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.perm is None else x.index_select(1, self.perm)
-
-    KERNELS: tuple[str, str] = ("", "")  # the native kernels' names: int8 activations, fp32 activations
-
-    def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if self.native is None or not (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"):
-            return _torch_linear(x, self.dequant(x.dtype), b)
-        if self.int8_activations:  # integer dot products at every row count (prefill: ~3x oneDNN's fp32 GEMM)
-            kernel = getattr(self.native, self.KERNELS[0])
-        elif x.shape[0] > TILE_MAX_ROWS:
-            w = self.native.dequant_x8(self.qx, self.dx, self.mx, self.shape[0])
-            return _torch_linear(self._stored_order(x), w, b)
-        else:
-            kernel = getattr(self.native, self.KERNELS[1])
-        return kernel(self._stored_order(x).contiguous(), self.qx, self.dx, self.mx, b, self.shape[0])
-
-
-def _interleave(rows: torch.Tensor, k_chunks: int) -> torch.Tensor:
-    """[G * 8, nb * 32] per-row bytes -> [G, nb, t, r, j]: chunk t of block nb holds, at (r, j), row r's byte
-    for input t * (32 / k_chunks) + j (the kernels' X8Args; int4 then packs chunks t and t + 4 together)."""
-    g8, k = rows.shape
-    return rows.reshape(g8 // 8, 8, k // QK, k_chunks, QK // k_chunks).permute(0, 2, 3, 1, 4)  # [G, nb, t, r, j]
-
-
-def _pad_rows(t: torch.Tensor, groups: int) -> torch.Tensor:
-    pad = groups * 8 - t.shape[0]
-    return torch.cat((t, t.new_zeros(pad, *t.shape[1:]))) if pad else t
-
-
-def _block_scales(t: torch.Tensor, groups: int) -> torch.Tensor:
-    """Per row and block [N, nb] -> the kernels' [G, nb, 8] (one vector of 8 rows per group and block)."""
-    return _pad_rows(t.float(), groups).reshape(groups, 8, -1).transpose(1, 2).contiguous()
-
-
-def _row_scales(t: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of _block_scales: [G, nb, 8] -> [N, nb]."""
-    return t.transpose(1, 2).reshape(-1, t.shape[1])[:n]
-
-
-class Int8Weight(_Packed):
+class Int8Weight(Packed):
     """int8 codes (-128..127) and either one scale per output channel (weight = d * q: what
     ``quantization: int8`` makes) or, from a checkpoint's 8-bit groups, a scale and a zero share per row and
     32-element block (weight = d * q + m). Stored for the native kernel (``linear_q8x8``) with 8 rows
@@ -195,17 +93,15 @@ class Int8Weight(_Packed):
         self.shape, self.group_size, self.perm = (n, k), group_size, None
         self.native = native if k % QK == 0 else None
         groups, kp = -(-n // 8), -(-k // QK) * QK
-        q = _pad_rows(q.to(torch.int8), groups)
+        q = pad_rows(q.to(torch.int8), groups)
         if kp != k:
             q = torch.cat((q, q.new_zeros(q.shape[0], kp - k)), dim=1)
-        self.qx = _interleave(q, 8).reshape(groups, kp // QK, 8, 32).contiguous()
-        self._store_scales(_pad_rows(d.float(), groups).reshape(groups, 8) if d.dim() == 1 else _block_scales(d, groups),
-                           None if m is None else _block_scales(m, groups))
+        self.qx = interleave(q, 8).reshape(groups, kp // QK, 8, 32).contiguous()
+        self._store_scales(pad_rows(d.float(), groups).reshape(groups, 8) if d.dim() == 1 else block_scales(d, groups),
+                           None if m is None else block_scales(m, groups))
 
     @classmethod
-    def _fuse(cls, parts: list):
-        if all(p.shape[0] % 8 == 0 for p in parts):  # whole groups: the interleaved layouts stack as they are
-            return super()._fuse(parts)
+    def _repack(cls, parts: list):
         first = parts[0]
         self = cls.__new__(cls)
         self._set(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]),
@@ -228,11 +124,11 @@ class Int8Weight(_Packed):
     def d(self) -> torch.Tensor:
         """Scales [N] (per row), [N, K / 32] (per row and block) or [N, K / 16] (per half block), fp32."""
         n = self.shape[0]
-        return (self.dx.reshape(-1)[:n] if self.dx.dim() == 2 else _row_scales(self.dx, n)).float()
+        return (self.dx.reshape(-1)[:n] if self.dx.dim() == 2 else row_scales(self.dx, n)).float()
 
     @property
     def m(self) -> torch.Tensor | None:
-        return None if self.mx is None else _row_scales(self.mx, self.shape[0]).float()
+        return None if self.mx is None else row_scales(self.mx, self.shape[0]).float()
 
     def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._in_model_order(self._values(self.q, self.d, self.m)).to(dtype)
@@ -263,14 +159,15 @@ class Int8Weight(_Packed):
         return sum(t.numel() * t.element_size() for t in (self.qx, self.dx, self.mx) if t is not None)
 
 
-class Int4Weight(_Packed):
+class Int4Weight(Packed):
     """Codes 0..15 with a scale d and a zero share m = -d * z per row and 32-element block (a group of 64 / 128
     repeats its pair over its blocks), stored for the native kernel (``linear_q4x8``) with 8 rows interleaved:
     rows in groups of 8 (the last padded with zero rows), per group and block 4 chunks of 32 bytes, byte
     4r + j of chunk t holding row r's code for input 4t + j in the low nibble and 4(t + 4) + j in the high
-    one; ``dx``, ``mx`` [groups, blocks, 8]. ``d``, ``m`` and ``codes()`` give them back per row."""
+    one; ``dx``, ``mx`` [groups, blocks, 8] (a Q4_K file's as int8 codes with ``dsup``, ``msup`` [groups, K / 256,
+    8]). ``d``, ``m`` and ``codes()`` give them back per row."""
 
-    TENSORS = ("qx", "dx", "mx")
+    TENSORS = ("qx", "dx", "mx", "dsup", "msup")
     KERNELS = ("linear_q4x8", "linear_q4x8_f32")
 
     def __init__(self, w: torch.Tensor, group_size: int = 32, symmetric: bool = False, native=None) -> None:
@@ -311,30 +208,37 @@ class Int4Weight(_Packed):
         return self
 
     @classmethod
-    def from_blocks(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, native=None) -> "Int4Weight":
+    def from_blocks(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, native=None,
+                    factors: tuple | None = None) -> "Int4Weight":
         """Codes [N, K] (0..15) with d and m [N, K / 32] per 32-element block (weight = d * q + m): GGUF's Q4_0 /
-        Q4_1 / Q4_K blocks as they are."""
+        Q4_1 / Q4_K blocks as they are; ``factors`` (Q4_K): d and m as the file factors them (check_factors)."""
         n, k = codes.shape
         if k % QK or d.shape != (n, k // QK) or m.shape != (n, k // QK):
             raise ValueError(f"int4 blocks: codes {list(codes.shape)} with scales {list(d.shape)} and shifts "
                              f"{list(m.shape)} do not fit")
         self = cls.__new__(cls)
-        self._set(codes, d, m, QK, native)
+        self._set(codes, d, m, QK, native, check_factors(d, m, factors))
         return self
 
-    def _set(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int, native) -> None:
-        """q [N, K] codes, d and m [N, K / 32] per block."""
+    def _set(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int, native,
+             factors: tuple | None = None) -> None:
+        """q [N, K] codes, d and m [N, K / 32] per block (or their checked factors)."""
         n, k = q.shape
         self.shape, self.group_size, self.symmetric, self.native, self.perm = (n, k), group_size, False, native, None
         groups, nb = -(-n // 8), k // QK
-        c = _interleave(_pad_rows(q.to(torch.uint8), groups), 8)                # [G, nb, t, r, j]
+        c = interleave(pad_rows(q.to(torch.uint8), groups), 8)                # [G, nb, t, r, j]
         self.qx = (c[:, :, :4] | (c[:, :, 4:] << 4)).reshape(groups, nb, 4, 32).contiguous()
-        self._store_scales(_block_scales(d, groups), _block_scales(m, groups))
+        if factors is not None:
+            dq, dsup, mq, msup = (None if f is None else block_scales(f, groups) for f in factors)
+            self._store_scales(dq, mq, dsup, msup)
+        else:
+            self._store_scales(block_scales(d, groups), block_scales(m, groups))
+
+    def kernel_args(self) -> tuple[tuple, tuple]:
+        return (self.qx,), (self.dsup, self.msup)
 
     @classmethod
-    def _fuse(cls, parts: list):
-        if all(p.shape[0] % 8 == 0 for p in parts):  # whole groups: the interleaved layouts stack as they are
-            return super()._fuse(parts)
+    def _repack(cls, parts: list):
         self = cls.__new__(cls)
         self._set(torch.cat([p.codes() for p in parts]), torch.cat([p.d for p in parts]),
                   torch.cat([p.m for p in parts]), parts[0].group_size, parts[0].native)
@@ -342,16 +246,16 @@ class Int4Weight(_Packed):
         return self
 
     def layout(self) -> tuple:
-        return (self.group_size,)
+        return (self.group_size, self.dsup is not None)
 
     @property
     def d(self) -> torch.Tensor:
         """Scales [N, K / 32], per row and block, fp32."""
-        return _row_scales(self.dx, self.shape[0]).float()
+        return row_scales(self._scale_values(self.dx, self.dsup), self.shape[0])
 
     @property
     def m(self) -> torch.Tensor:
-        return _row_scales(self.mx, self.shape[0]).float()
+        return row_scales(self._scale_values(self.mx, self.msup), self.shape[0])
 
     def codes(self) -> torch.Tensor:
         """The unpacked codes [N, K] (0..15), in the stored input order."""
@@ -370,7 +274,8 @@ class Int4Weight(_Packed):
         nb = self.qx.shape[1]
         p = self.qx.view(self.qx.shape[0], nb, 4, 8, 4)[g, :, :, r, :]                # [R, nb, t, j]
         q = torch.cat((p & 0x0F, p >> 4), dim=2).reshape(len(ids), nb * QK)
-        return self._in_model_order(self._values(q, self.dx[g, :, r].float(), self.mx[g, :, r].float())).to(dtype)
+        d, m = self._scale_rows(self.dx, self.dsup, g, r), self._scale_rows(self.mx, self.msup, g, r)
+        return self._in_model_order(self._values(q, d, m)).to(dtype)
 
     @staticmethod
     def _values(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -381,38 +286,8 @@ class Int4Weight(_Packed):
     def nbytes(self) -> int:
         """Bytes held: packed codes (with padding) and scales, as stored (a group of 64 / 128 repeats its pair per
         32-block)."""
-        return sum(t.numel() * t.element_size() for t in (self.qx, self.dx, self.mx))
-
-
-class RowStack:
-    """Weights over one input whose outputs are concatenated: y = [x W_1^T, x W_2^T, ...]."""
-
-    def __init__(self, parts: list) -> None:
-        self.parts = parts
-        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
-
-    @property
-    def native(self):
-        return self.parts[0].native
-
-    def use_kernels(self, native, int8_activations: bool = True) -> None:
-        for p in self.parts:
-            p.use_kernels(native, int8_activations)
-
-    def to(self, device: torch.device):
-        self.parts = [p.to(device) for p in self.parts]
-        return self
-
-    def matmul(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        y = torch.cat([p.matmul(x, None) for p in self.parts], dim=1)
-        return y if b is None else y + b
-
-    def dequant(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.cat([p.dequant(dtype) for p in self.parts])
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
+        return sum(t.numel() * t.element_size() for t in (self.qx, self.dx, self.mx, self.dsup, self.msup)
+                   if t is not None)
 
 
 def quantize(w: torch.Tensor, mode: str, group_size: int = 32, symmetric: bool = False, native=None):
@@ -421,7 +296,3 @@ def quantize(w: torch.Tensor, mode: str, group_size: int = 32, symmetric: bool =
     if mode == "int4":
         return Int4Weight(w, group_size, symmetric, native)
     raise ValueError(f"quantization mode must be one of {MODES}, got {mode!r}")
-
-
-def _torch_linear(x, w, b):
-    return linear(x, w, b)

@@ -15,23 +15,44 @@ namespace tk_decode {
 
 namespace py = pybind11;
 
-enum Kind : int64_t { F32 = 0, Q4 = 1, Q4_F32 = 2, Q8 = 3, Q8_F32 = 4 };
+enum Kind : int64_t { F32 = 0, Q4 = 1, Q4_F32 = 2, Q8 = 3, Q8_F32 = 4, QN = 5, QN_F32 = 6, ROWS = 7 };
 
-// One projection as its kernel sees it: (kind, weight or codes, scales, zero shares, bias, output rows).
+// One projection as its kernel sees it: (kind, weight or codes, scales, zero shares, bias, output rows, and for
+// 5- / 6-bit codes their high-bit planes and offset, and K-quant super-block scales where d / m are codes); or ROWS: (ROWS, parts, None, None, bias, output rows), weights
+// of different layouts over one input whose outputs are concatenated (quant.RowStack: a GGUF file's Q4_K q / k with
+// its Q6_K v).
 struct Lin {
-  int64_t kind = F32, n = 0;
-  torch::Tensor w, d, m;
+  int64_t kind = F32, n = 0, zero = 0;
+  torch::Tensor w, d, m, h;
+  c10::optional<torch::Tensor> dsup, msup;  // K-quant super-block scales (d / m as int8 codes)
   c10::optional<torch::Tensor> bias;
+  std::vector<Lin> parts;
 
   static Lin from(const py::tuple& t) {
     Lin l;
     l.kind = t[0].cast<int64_t>();
+    if (l.kind == ROWS) {
+      for (const auto& p : t[1].cast<std::vector<py::tuple>>()) l.parts.push_back(from(p));
+      TORCH_CHECK(!l.parts.empty(), "DecodeStack: a row stack needs parts");
+      if (!t[4].is_none()) l.bias = t[4].cast<torch::Tensor>();
+      l.n = t[5].cast<int64_t>();
+      return l;
+    }
     l.w = t[1].cast<torch::Tensor>();
     if (!t[2].is_none()) l.d = t[2].cast<torch::Tensor>();
     if (!t[3].is_none()) l.m = t[3].cast<torch::Tensor>();
     if (!t[4].is_none()) l.bias = t[4].cast<torch::Tensor>();
     l.n = t[5].cast<int64_t>();
-    TORCH_CHECK(l.kind >= F32 && l.kind <= Q8_F32, "DecodeStack: unknown weight kind ", l.kind);
+    if (t.size() > 7 && !t[6].is_none()) {
+      l.h = t[6].cast<torch::Tensor>();
+      l.zero = t[7].cast<int64_t>();
+    }
+    if (t.size() > 9) {
+      if (!t[8].is_none()) l.dsup = t[8].cast<torch::Tensor>();
+      if (!t[9].is_none()) l.msup = t[9].cast<torch::Tensor>();
+    }
+    TORCH_CHECK(l.kind >= F32 && l.kind <= QN_F32, "DecodeStack: unknown weight kind ", l.kind);
+    TORCH_CHECK(!(l.kind == QN || l.kind == QN_F32) || l.h.defined(), "DecodeStack: 5- / 6-bit codes need h");
     TORCH_CHECK(l.kind == F32 || l.d.defined(), "DecodeStack: a quantized weight needs its scales");
     TORCH_CHECK(!(l.kind == Q4 || l.kind == Q4_F32) || l.m.defined(), "DecodeStack: int4 needs zero shares");
     return l;
@@ -40,11 +61,19 @@ struct Lin {
   torch::Tensor operator()(const torch::Tensor& x) const {
     const c10::optional<torch::Tensor> shares = m.defined() ? c10::optional<torch::Tensor>(m) : c10::nullopt;
     switch (kind) {
+      case ROWS: {
+        std::vector<torch::Tensor> ys;
+        for (const Lin& p : parts) ys.push_back(p(x));
+        torch::Tensor y = torch::cat(ys, 1);
+        return bias ? y.add_(*bias) : y;
+      }
       case F32: return tk_gemm::linear(x, w, bias);
-      case Q4: return tk_qgemm::linear_q4x8(x, w, d, m, bias, n);
-      case Q4_F32: return tk_qgemm::linear_q4x8_f32(x, w, d, m, bias, n);
+      case Q4: return tk_qgemm::linear_q4x8(x, w, d, m, bias, n, dsup, msup);
+      case Q4_F32: return tk_qgemm::linear_q4x8_f32(x, w, d, m, bias, n, dsup, msup);
       case Q8: return tk_qgemm::linear_q8x8(x, w, d, shares, bias, n);
-      default: return tk_qgemm::linear_q8x8_f32(x, w, d, shares, bias, n);
+      case Q8_F32: return tk_qgemm::linear_q8x8_f32(x, w, d, shares, bias, n);
+      case QN: return tk_qgemm::linear_nbit(x, w, h, d, shares, bias, n, zero, dsup, msup);
+      default: return tk_qgemm::linear_nbit_f32(x, w, h, d, shares, bias, n, zero, dsup, msup);
     }
   }
 };

@@ -95,6 +95,8 @@ void register_attention(pybind11::module& m);    // attention_cpu.cpp
 void register_elementwise(pybind11::module& m);  // elementwise_cpu.cpp
 void register_qgemm(pybind11::module& m);        // qgemm_cpu.cpp
 void register_decode(pybind11::module& m);       // decode_cpu.cpp
+void register_nbit(pybind11::module& m);         // qgemm_nbit_cpu.cpp
+void register_fp8(pybind11::module& m);          // fp8_cpu.cpp
 
 // Every function is bound with the GIL released (call_guard), as torch's own operators are: a step's
 // kernels hold no Python lock, so the serving process's other Python threads (Triton's request thread, the
@@ -104,6 +106,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_elementwise(m);
   register_qgemm(m);
   register_decode(m);
+  register_nbit(m);
+  register_fp8(m);
   m.def("linear", &linear, "y = x W^T (+ b), fp32, AVX2 + FMA", pybind11::arg("x"), pybind11::arg("w"),
         pybind11::arg("b") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -19,13 +19,24 @@ void decode_attention(const torch::Tensor& qkv, const torch::Tensor& kc, const t
                       const torch::Tensor& hi, double scale, int64_t H, torch::Tensor out);
 }
 namespace tk_qgemm {
+// dsup / msup: K-quant super-block scales where d / m hold int8 codes (qgemm.h, KScale); else None.
 torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                          const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N);
+                          const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
+                          const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup);
 torch::Tensor linear_q4x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                              const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N);
+                              const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
+                              const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup);
 torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                           const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N);
 torch::Tensor linear_q8x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                               const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b,
                               int64_t N);
+torch::Tensor linear_nbit(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& d,
+                          const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N,
+                          int64_t zero, const c10::optional<torch::Tensor>& dsup,
+                          const c10::optional<torch::Tensor>& msup);
+torch::Tensor linear_nbit_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
+                              const torch::Tensor& d, const c10::optional<torch::Tensor>& m,
+                              const c10::optional<torch::Tensor>& b, int64_t N, int64_t zero,
+                              const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup);
 }

@@ -4,6 +4,8 @@
 #include <torch/extension.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 namespace tk_qgemm {
 
@@ -22,13 +24,39 @@ constexpr int QK = 32;
 //   Scales (d, m) are fp32, or fp16 where every one of a weight's is exactly a float16 (GGUF's Q4_0 / Q4_1 /
 //   Q8_0 blocks: half the scale bytes, a fifth of an int4 weight's traffic); the tiles take their type S.
 // x and xs (the fp32-activation kernels': activations and their per-block sums) are set by run_f32.
+// h and zero: the 5- / 6-bit layouts' high-bit planes and the codes' fixed offset (qgemm_nbit_cpu.cpp).
+// dsup and msup: K-quant super-block scales (KScale below).
 struct X8Args { const uint8_t* w; const void* d; const void* m; const float* b; float* y; int64_t M, K, N;
-                const float* x = nullptr; const float* xs = nullptr; };
+                const float* x = nullptr; const float* xs = nullptr; const uint8_t* h = nullptr; int32_t zero = 0;
+                const void* dsup = nullptr; const void* msup = nullptr; };
 
 template <typename S> inline __m256 load8(const S* p);
 template <> inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
 template <> inline __m256 load8<at::Half>(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// An activation row's 4 int8 codes of a chunk, in every 32-bit lane.
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Scales as the tiles read them, one vector of 8 rows at vector index v (d or m [G, blocks, 8] flattened): S is
+// float or at::Half (the scales themselves), or KScale: GGUF's K-quant factoring kept, int8 codes per block (or half
+// block) times a float16 per row and 256-element super-block (sup [G, K/256, 8]: the file's d / dmin; per_sup
+// vectors a super-block). A float16 times a code of at most 8 bits is exact in fp32: the same scale as stored whole,
+// in a quarter of the bytes (Q4_K: 4.6 bits a weight held instead of 6).
+struct KScale {};
+template <typename S>
+inline __m256 scale8(const void* p, const void*, int64_t v, int64_t) {
+  return load8(static_cast<const S*>(p) + v * 8);
+}
+template <>
+inline __m256 scale8<KScale>(const void* p, const void* sup, int64_t v, int64_t per_sup) {
+  const __m128i c = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(p) + v * 8));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), load8(static_cast<const at::Half*>(sup) + v / per_sup * 8));
 }
 
 // One output vector (8 rows of one group) of one activation row, plus the bias.
@@ -85,11 +113,47 @@ inline void finish_x8(const X8Args& a, __m256 (&acc)[MB], int64_t g, int64_t m0)
 }
 
 
+// x [M, K] as int8 codes per 32-block (qgemm_cpu.cpp): per block the scale d and d * sum(codes) (ds, for the
+// weights' zero shares m); with half sums (hs) also the integer sum of each 16-element half's codes (the 5- / 6-bit
+// codes' fixed offsets).
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, ds;
+  std::vector<int32_t> hs;
+};
+
+// The tiles the runners call: MB activation rows (from m0) against group g's 8 weight rows.
+using X8Tile = void (*)(const X8Args&, const QuantizedRows&, int64_t g, int64_t m0);
+using F32Tile = void (*)(const X8Args&, int64_t g, int64_t m0);
+using DequantTile = void (*)(const X8Args&, int64_t g, float* tile);  // group g's rows into columns 0-7 of [K, 16]
+
+// int8 activations (qgemm_cpu.cpp): x quantized once, then tile4 / tile1 over every group in L2-sized row panels.
+torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G,
+                     bool half_sums = false);
+// fp32 activations (qgemm_f32_cpu.cpp): widened codes for few rows (per-block activation sums in xs when need_sums),
+// dequantized [K, 16] tiles for TILE_ROWS or more.
+torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, F32Tile tile1, F32Tile tile4,
+                      DequantTile dequant, int64_t G);
+// The check every quantized matmul makes of its activations and bias.
+void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& b, int64_t N);
+void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, c10::ScalarType dtype, const char* name);
+
 // A weight's layout, checked once for both activation modes: the kernel arguments and which tiles apply.
-struct X8Layout { X8Args args; int64_t G; bool fp16_scales, per_block, sub16, has_m; };
+struct X8Layout { X8Args args; int64_t G; bool fp16_scales, per_block, sub16, has_m, kscales = false; };
+
+// Scales (d, and m where given) of a layout whose blocks are vectors [G, blocks, 8]: fp32 or fp16 alike, or int8 codes
+// with float16 super-block scales dsup (and msup) [G, K/256, 8] (KScale); sets args.dsup / msup, returns kscales.
+bool check_block_scales(X8Args& args, const torch::Tensor& d, int64_t blocks, const c10::optional<torch::Tensor>& m,
+                        const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup, int64_t G,
+                        const char* name);
+// The float weight [N, K] through a layout's dequantizing tile (qgemm_f32_cpu.cpp).
+torch::Tensor dequant_by_tiles(const X8Args& a, int64_t G, int64_t N, DequantTile tile);
+// int4's dequantizing tile for the layout's scale type (qgemm_f32_cpu.cpp).
+DequantTile q4x8_dequant_fn(const X8Layout& l);
 
 X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
-                     const c10::optional<torch::Tensor>& b, int64_t N);
+                     const c10::optional<torch::Tensor>& b, int64_t N, const c10::optional<torch::Tensor>& dsup,
+                     const c10::optional<torch::Tensor>& msup);
 X8Layout q8x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                      const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N);
 

@@ -1,4 +1,4 @@
-// Few-row matmuls y[M, N] = x[M, K] W[N, K]^T (+ b) over INT8 / INT4 weights, with int8 dot products (AVX2).
+// Matmuls y[M, N] = x[M, K] W[N, K]^T (+ b) over INT8 / INT4 weights, with int8 dot products (AVX2).
 //
 // Why int8 dot products: unpacking quantized weights to fp32 and multiplying in fp32 costs ~2 instructions per
 // weight, which at batch 1 is slower than streaming fp32 weights. Quantizing the activations per 32-element
@@ -9,19 +9,13 @@
 //
 // Layouts (written by engine/quant.py), K a multiple of 32, blocks of 32 along K:
 //   int8 / int4: 8 rows interleaved per 32-block (see X8Args, qgemm.h).
-//   fp8:  q [N, K] uint8 (float8_e4m3fn bits), d [N] fp32 per output channel; converted in registers and
-//         multiplied in fp32: exactly the float matmul of the dequantized weights (no activation rounding), at
-//         1 byte per weight read. Conversion: the code's exponent and mantissa bits placed at the bottom of an
-//         fp32's (bits << 20) give 2^-120 times the value, subnormals included (they land on fp32
-//         subnormals); one multiply by 2^120 and the sign bit finish it. The NaN codes (0x7F, 0xFF) would come
-//         out finite; quantized weights never hold them. The scalar tail uses lut (the codes as fp32, torch).
+//   fp8: fp8_cpu.cpp.
 // Output rows are split across torch's intra-op threads; each weight block is unpacked once and used for
 // MB activation rows.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
 #include "kernels.h"
@@ -31,16 +25,9 @@
 // Named (not anonymous): decode_cpu.cpp calls the entry points declared in kernels.h.
 namespace tk_qgemm {
 
-using tritonllm::hsum;
-
-// x [M, K] -> int8 codes, per-block scales d and d * sum(codes) (for the weights' zero points, m).
-struct QuantizedRows {
-  std::vector<int8_t> q;
-  std::vector<float> d, ds;
-};
 
 // One 32-element block: d = amax / 127, codes = round-to-nearest-even(v / d) (as std::nearbyint), their sum.
-inline void quantize_block(const float* v, int8_t* q, float& d_out, float& ds_out) {
+inline void quantize_block(const float* v, int8_t* q, float& d_out, float& ds_out, int32_t* halves) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 x[4], amax = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
@@ -53,53 +40,31 @@ inline void quantize_block(const float* v, int8_t* q, float& d_out, float& ds_ou
   const float d = _mm_cvtss_f32(m) / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
   __m256i c[4];
   for (int i = 0; i < 4; ++i) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], _mm256_set1_ps(inv)));
-  const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+  const __m256i h0 = _mm256_add_epi32(c[0], c[1]), h1 = _mm256_add_epi32(c[2], c[3]);
+  const __m256i s32 = _mm256_add_epi32(h0, h1);
   // pack 4 x 8 int32 -> 32 int8 (the packs interleave 128-bit lanes; the permute restores element order)
   const __m256i p16a = _mm256_packs_epi32(c[0], c[1]), p16b = _mm256_packs_epi32(c[2], c[3]);
   const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), p8);
-  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
   d_out = d;
-  ds_out = d * static_cast<float>(_mm_cvtsi128_si32(t));
+  ds_out = d * static_cast<float>(tritonllm::hsum_epi32(s32));
+  if (halves) {  // the stored codes' sums: codes in +-127, so the packs above saturate nothing
+    halves[0] = tritonllm::hsum_epi32(h0);
+    halves[1] = tritonllm::hsum_epi32(h1);
+  }
 }
 
-QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
+QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, bool half_sums) {
   const int64_t nb = K / QK;
-  QuantizedRows r{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb)};
+  QuantizedRows r{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb),
+                  std::vector<int32_t>(half_sums ? 2 * M * nb : 0)};
   at::parallel_for(0, M * nb, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      quantize_block(x + (i / nb) * K + (i % nb) * QK, r.q.data() + (i / nb) * K + (i % nb) * QK, r.d[i], r.ds[i]);
+      quantize_block(x + (i / nb) * K + (i % nb) * QK, r.q.data() + (i / nb) * K + (i % nb) * QK, r.d[i], r.ds[i],
+                     half_sums ? r.hs.data() + 2 * i : nullptr);
   });
   return r;
-}
-
-struct F8Args { const uint8_t* w; const float* dw; const float* lut; const float* x; const float* b; float* y;
-                int64_t M, K, N; };
-
-template <int MB>
-inline void f8_row(const F8Args& a, int64_t n, int64_t m0) {
-  const int64_t K8 = a.K & ~int64_t(7);
-  const uint8_t* w = a.w + n * a.K;
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K8; k += 8) {
-    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k)));
-    const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7F)), 20);
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-    const __m256 wv = _mm256_or_ps(_mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f)),
-                                   _mm256_castsi256_ps(sign));
-    for (int m = 0; m < MB; ++m)
-      acc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(a.x + (m0 + m) * a.K + k), acc[m]);
-  }
-  for (int m = 0; m < MB; ++m) {
-    float s = hsum(acc[m]);
-    for (int64_t k = K8; k < a.K; ++k) s += a.lut[w[k]] * a.x[(m0 + m) * a.K + k];
-    s *= a.dw[n];
-    a.y[(m0 + m) * a.N + n] = a.b ? s + a.b[n] : s;
-  }
 }
 
 void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& b, int64_t N) {
@@ -109,12 +74,6 @@ void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tenso
   if (b.has_value() && b->defined())
     TORCH_CHECK(b->dim() == 1 && b->size(0) == N && b->is_contiguous() && b->scalar_type() == at::kFloat,
                 "quantized linear: bias [N] float32 expected");
-}
-
-inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
 }
 
 // int8: maddubs wants one unsigned side, so |w| x sign(x, w). A code of -128 is safe: sign(w, w) leaves 0x80,
@@ -158,8 +117,6 @@ inline void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_
   const int64_t nb = a.K / QK;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const uint8_t* wg = a.w + g * nb * 128;
-  const S* dg = static_cast<const S*>(a.d) + g * nb * 8;
-  const S* mg = static_cast<const S*>(a.m) + g * nb * 8;
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t blk = 0; blk < nb; ++blk) {
@@ -174,7 +131,7 @@ inline void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_
         s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(hi, bcast4(xb + 4 * (t + 4))));
       }
     }
-    const __m256 dv = load8(dg + blk * 8), mv = load8(mg + blk * 8);
+    const __m256 dv = scale8<S>(a.d, a.dsup, g * nb + blk, 8), mv = scale8<S>(a.m, a.msup, g * nb + blk, 8);
     for (int m = 0; m < MB; ++m) {
       const int64_t row = m0 + m;
       const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[m], ones));
@@ -189,13 +146,13 @@ constexpr int64_t PANEL_BYTES = 128 * 1024;
 
 // Tiles of 4 activation rows: a tile's accumulators and block sums (8 + the weights' registers) fit AVX2's 16; 8 rows
 // spill them to the stack at every chunk (measured 2.9x slower at 512 rows: docs/quantization.md, "The matmuls").
-template <class Tile1, class Tile4>
-torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, Tile1 tile1, Tile4 tile4, int64_t G) {
+torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G,
+                     bool half_sums) {
   auto y = torch::empty({x.size(0), base.N}, x.options());
   X8Args a = base;
   a.y = y.data_ptr<float>();
   a.M = x.size(0);
-  const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, a.K);
+  const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), a.M, a.K, half_sums);
   // Rows in panels whose int8 codes (PANEL_BYTES) stay in L2 while the thread's groups of 8 weight rows pass over
   // them: a prefill reads each panel once from memory and its weights once per panel (a decode is one panel).
   const int64_t panel = std::max<int64_t>(4, PANEL_BYTES / a.K / 4 * 4);
@@ -227,19 +184,50 @@ void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, c10
               t.sizes(), " ", t.scalar_type());
 }
 
+bool check_block_scales(X8Args& args, const torch::Tensor& d, int64_t blocks, const c10::optional<torch::Tensor>& m,
+                        const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup, int64_t G,
+                        const char* name) {
+  const int64_t K = args.K;
+  const bool has_m = m.has_value() && m->defined(), kscales = d.scalar_type() == at::kChar;
+  auto code_check = [&](const torch::Tensor& t, const std::vector<int64_t>& shape) {
+    TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kChar && t.is_contiguous() && t.is_cpu(),
+                name, ": K-quant scale codes ", at::IntArrayRef(shape), " int8 expected, got ", t.sizes(), " ",
+                t.scalar_type());
+  };
+  auto sup_check = [&](const c10::optional<torch::Tensor>& t) {
+    TORCH_CHECK(t.has_value() && t->defined() && K % 256 == 0, name, ": int8 scale codes need their super-block scales");
+    TORCH_CHECK(t->sizes() == at::IntArrayRef({G, K / 256, 8}) && t->scalar_type() == at::kHalf && t->is_contiguous(),
+                name, ": super-block scales [G, K/256, 8] float16 expected, got ", t->sizes(), " ", t->scalar_type());
+  };
+  if (kscales) {
+    code_check(d, {G, blocks, 8});
+    sup_check(dsup);
+    args.dsup = dsup->data_ptr();
+    if (has_m) {
+      code_check(*m, {G, K / QK, 8});
+      sup_check(msup);
+      args.msup = msup->data_ptr();
+    }
+    return true;
+  }
+  check_scales(d, {G, blocks, 8}, d.scalar_type(), name);
+  if (has_m) check_scales(*m, {G, K / QK, 8}, d.scalar_type(), name);
+  return false;
+}
 
-// int4: d and m [G, K/32, 8].
+
+// int4: d and m [G, K/32, 8] (or their K-quant codes with dsup and msup).
 X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
-                     const c10::optional<torch::Tensor>& b, int64_t N) {
+                     const c10::optional<torch::Tensor>& b, int64_t N, const c10::optional<torch::Tensor>& dsup,
+                     const c10::optional<torch::Tensor>& msup) {
   check_x8(q, 4, at::kByte, N, "linear_q4x8");
   const int64_t G = q.size(0), K = q.size(1) * QK;
-  check_scales(d, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8 d");
-  check_scales(m, {G, K / QK, 8}, d.scalar_type(), "linear_q4x8 m");
-  check_x(x, K, b, N);
+  if (x.defined()) check_x(x, K, b, N);
   const bool has_b = b.has_value() && b->defined();
-  return {X8Args{q.data_ptr<uint8_t>(), d.data_ptr(), m.data_ptr(), has_b ? b->data_ptr<float>() : nullptr, nullptr, 0,
-                 K, N},
-          G, d.scalar_type() == at::kHalf, true, false, true};
+  X8Args args{q.data_ptr<uint8_t>(), d.data_ptr(), m.data_ptr(), has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N};
+  const bool kscales = check_block_scales(args, d, K / QK, m, dsup, msup, G, "linear_q4x8 scales");
+  TORCH_CHECK(kscales || m.scalar_type() == d.scalar_type(), "linear_q4x8: m must be of d's dtype");
+  return {args, G, d.scalar_type() == at::kHalf, true, false, true, kscales};
 }
 
 // int8: d [G, 8] one scale per row; d [G, K/32, 8] per row and block, with m (zero shares) or without; d [G, K/16, 8]
@@ -271,8 +259,10 @@ torch::Tensor run_q8x8(const torch::Tensor& x, const X8Layout& l) {
 }
 
 torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                          const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
-  const X8Layout l = q4x8_layout(x, q, d, m, b, N);
+                          const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
+                          const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup) {
+  const X8Layout l = q4x8_layout(x, q, d, m, b, N, dsup, msup);
+  if (l.kscales) return run_x8(x, l.args, q4x8_tile<KScale, 1>, q4x8_tile<KScale, 4>, l.G);
   if (l.fp16_scales)
     return run_x8(x, l.args, q4x8_tile<at::Half, 1>, q4x8_tile<at::Half, 4>, l.G);
   return run_x8(x, l.args, q4x8_tile<float, 1>, q4x8_tile<float, 4>, l.G);
@@ -285,8 +275,8 @@ torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const 
 }
 
 template <typename S>
-void dequant_x8_into(const uint8_t* qp, const S* dp, const S* mp, float* wp, bool int4, bool per_block,
-                     int64_t halves, int64_t G, int64_t nb, int64_t N) {
+void dequant_x8_into(const uint8_t* qp, const S* dp, const S* mp, float* wp, bool per_block, int64_t halves, int64_t G,
+                     int64_t nb, int64_t N) {
   const int64_t K = nb * QK;
   at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)
@@ -296,22 +286,12 @@ void dequant_x8_into(const uint8_t* qp, const S* dp, const S* mp, float* wp, boo
           const float scale = static_cast<float>(scales[0]);
           const float shift = mp ? static_cast<float>(mp[(g * nb + blk) * 8 + r]) : 0.f;
           float* row = wp + (g * 8 + r) * K + blk * QK;
-          if (int4) {
-            const uint8_t* c = qp + (g * nb + blk) * 128 + 4 * r;
-            for (int t = 0; t < 4; ++t)
-              for (int j = 0; j < 4; ++j) {
-                const uint8_t byte = c[t * 32 + j];
-                row[4 * t + j] = static_cast<float>(byte & 0x0F) * scale + shift;
-                row[4 * (t + 4) + j] = static_cast<float>(byte >> 4) * scale + shift;
-              }
-          } else {
-            const uint8_t* c = qp + (g * nb + blk) * 256 + 4 * r;
-            for (int t = 0; t < 8; ++t) {
-              const float s = halves == 2 && t >= 4 ? static_cast<float>(scales[8]) : scale;
-              for (int j = 0; j < 4; ++j) {
-                const float v = static_cast<float>(static_cast<int8_t>(c[t * 32 + j])) * s;
-                row[4 * t + j] = mp ? v + shift : v;
-              }
+          const uint8_t* c = qp + (g * nb + blk) * 256 + 4 * r;
+          for (int t = 0; t < 8; ++t) {
+            const float s = halves == 2 && t >= 4 ? static_cast<float>(scales[8]) : scale;
+            for (int j = 0; j < 4; ++j) {
+              const float v = static_cast<float>(static_cast<int8_t>(c[t * 32 + j])) * s;
+              row[4 * t + j] = mp ? v + shift : v;
             }
           }
         }
@@ -319,14 +299,19 @@ void dequant_x8_into(const uint8_t* qp, const S* dp, const S* mp, float* wp, boo
 }
 
 // The float weight [N, K] of an interleaved int8 / int4 layout, for prefill-sized inputs with fp32 activations
-// (activation_quantization none): oneDNN's fp32 GEMM over it needs the weight once per call (quant.py).
+// (activation_quantization none): oneDNN's fp32 GEMM over it needs the weight once per call (quant.py). int4 goes
+// through its dequantizing tile (every scale type), int8 here.
 torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c10::optional<torch::Tensor>& m,
-                         int64_t N) {
-  const bool int4 = q.scalar_type() == at::kByte;
-  check_x8(q, int4 ? 4 : 8, int4 ? at::kByte : at::kChar, N, "dequant_x8");
+                         int64_t N, const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup) {
+  if (q.scalar_type() == at::kByte) {
+    TORCH_CHECK(m.has_value() && m->defined(), "dequant_x8: int4 needs m");
+    const X8Layout l = q4x8_layout(torch::Tensor(), q, d, *m, c10::nullopt, N, dsup, msup);
+    return dequant_by_tiles(l.args, l.G, N, q4x8_dequant_fn(l));
+  }
+  check_x8(q, 8, at::kChar, N, "dequant_x8");
   const int64_t G = q.size(0), nb = q.size(1), K = nb * QK;
   const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
-  const int64_t halves = per_block && !int4 && d.size(1) == 2 * nb ? 2 : 1;
+  const int64_t halves = per_block && d.size(1) == 2 * nb ? 2 : 1;
   check_scales(d, per_block ? std::vector<int64_t>{G, halves * nb, 8} : std::vector<int64_t>{G, 8}, d.scalar_type(),
                "dequant_x8 d");
   TORCH_CHECK(!has_m || halves == 1, "dequant_x8: m needs d of whole blocks");
@@ -335,38 +320,13 @@ torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c
   const uint8_t* qp = static_cast<const uint8_t*>(q.data_ptr());  // int8 codes read as bytes, cast back below
   if (d.scalar_type() == at::kHalf)
     dequant_x8_into<at::Half>(qp, d.data_ptr<at::Half>(), has_m ? m->data_ptr<at::Half>() : nullptr,
-                              w.data_ptr<float>(), int4, per_block, halves, G, nb, N);
+                              w.data_ptr<float>(), per_block, halves, G, nb, N);
   else
     dequant_x8_into<float>(qp, d.data_ptr<float>(), has_m ? m->data_ptr<float>() : nullptr, w.data_ptr<float>(),
-                           int4, per_block, halves, G, nb, N);
+                           per_block, halves, G, nb, N);
   return w;
 }
 
-
-torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const torch::Tensor& lut, const c10::optional<torch::Tensor>& b) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous(), "linear_f8: uint8 q [N, K]");
-  const int64_t N = q.size(0), K = q.size(1);
-  TORCH_CHECK(d.numel() == N && d.scalar_type() == at::kFloat && d.is_contiguous(), "linear_f8: d [N] float32");
-  TORCH_CHECK(lut.numel() == 256 && lut.scalar_type() == at::kFloat && lut.is_contiguous(), "linear_f8: lut [256]");
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "linear_f8: contiguous float32 x [M, K] expected");
-  const bool has_b = b.has_value() && b->defined();
-  if (has_b)
-    TORCH_CHECK(b->dim() == 1 && b->size(0) == N && b->is_contiguous() && b->scalar_type() == at::kFloat,
-                "linear_f8: bias [N] float32 expected");
-  auto y = torch::empty({x.size(0), N}, x.options());
-  const F8Args a{q.data_ptr<uint8_t>(), d.data_ptr<float>(), lut.data_ptr<float>(), x.data_ptr<float>(),
-                 has_b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0), K, N};
-  at::parallel_for(0, N, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      int64_t m = 0;
-      for (; m + 4 <= a.M; m += 4) f8_row<4>(a, n, m);
-      for (; m < a.M; ++m) f8_row<1>(a, n, m);
-    }
-  });
-  return y;
-}
 
 }  // namespace tk_qgemm
 using namespace tk_qgemm;
@@ -380,7 +340,8 @@ void register_qgemm(pybind11::module& mod) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("linear_q4x8", &linear_q4x8, "y = x W^T (+ b), W int4 8 rows interleaved per 32-block (d, m [G, K/32, 8])",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
-          pybind11::arg("b").none(true), pybind11::arg("N"),
+          pybind11::arg("b").none(true), pybind11::arg("N"), pybind11::arg("dsup") = pybind11::none(),
+          pybind11::arg("msup") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("linear_q8x8_f32", &linear_q8x8_f32, "linear_q8x8 with fp32 activations (no activation rounding)",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true),
@@ -388,13 +349,11 @@ void register_qgemm(pybind11::module& mod) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("linear_q4x8_f32", &linear_q4x8_f32, "linear_q4x8 with fp32 activations (no activation rounding)",
           pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
-          pybind11::arg("b").none(true), pybind11::arg("N"),
+          pybind11::arg("b").none(true), pybind11::arg("N"), pybind11::arg("dsup") = pybind11::none(),
+          pybind11::arg("msup") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("dequant_x8", &dequant_x8, "the float weight [N, K] of an interleaved int8 / int4 layout",
           pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true), pybind11::arg("N"),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  mod.def("linear_f8", &linear_f8, "y = x W^T (+ b), W float8_e4m3fn per channel, converted in registers",
-          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("lut"),
-          pybind11::arg("b") = pybind11::none(),
+          pybind11::arg("dsup") = pybind11::none(), pybind11::arg("msup") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }

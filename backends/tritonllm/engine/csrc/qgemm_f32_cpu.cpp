@@ -21,8 +21,6 @@ inline void q4x8_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
   const int64_t nb = a.K / QK;
   const __m256i low = _mm256_set1_epi32(0x0F);
   const uint8_t* wg = a.w + g * nb * 128;
-  const S* dg = static_cast<const S*>(a.d) + g * nb * 8;
-  const S* mg = static_cast<const S*>(a.m) + g * nb * 8;
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t blk = 0; blk < nb; ++blk) {
@@ -40,7 +38,7 @@ inline void q4x8_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
         }
       }
     }
-    const __m256 dv = load8(dg + blk * 8), mv = load8(mg + blk * 8);
+    const __m256 dv = scale8<S>(a.d, a.dsup, g * nb + blk, 8), mv = scale8<S>(a.m, a.msup, g * nb + blk, 8);
     for (int m = 0; m < MB; ++m) {
       acc[m] = _mm256_fmadd_ps(s[m], dv, acc[m]);
       acc[m] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(a.xs + (m0 + m) * nb + blk), acc[m]);
@@ -91,10 +89,8 @@ inline void q4x8_dequant_tile(const X8Args& a, int64_t g, float* tile) {
   const int64_t nb = a.K / QK;
   const __m256i low = _mm256_set1_epi32(0x0F);
   const uint8_t* wg = a.w + g * nb * 128;
-  const S* dg = static_cast<const S*>(a.d) + g * nb * 8;
-  const S* mg = static_cast<const S*>(a.m) + g * nb * 8;
   for (int64_t blk = 0; blk < nb; ++blk) {
-    const __m256 dv = load8(dg + blk * 8), mv = load8(mg + blk * 8);
+    const __m256 dv = scale8<S>(a.d, a.dsup, g * nb + blk, 8), mv = scale8<S>(a.m, a.msup, g * nb + blk, 8);
     float* tb = tile + blk * QK * 16;
     for (int t = 0; t < 4; ++t) {
       __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 128 + t * 32));
@@ -172,8 +168,7 @@ inline void f32_tile_all_rows(const X8Args& a, const float* tile, int64_t g) {
 }
 
 // Groups in pairs: tile [K, 16] holds group g's rows at columns 0-7 and g + 1's at 8-15.
-template <class Dequant>
-void run_f32_tiles(const X8Args& a, Dequant dequant, int64_t G) {
+void run_f32_tiles(const X8Args& a, DequantTile dequant, int64_t G) {
   at::parallel_for(0, (G + 1) / 2, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> tile(a.K * 16);
     for (int64_t p = begin; p < end; ++p) {
@@ -191,9 +186,8 @@ void run_f32_tiles(const X8Args& a, Dequant dequant, int64_t G) {
 
 // Fewer rows: up to 4 activation rows share each widened weight vector (4 accumulators + 4 block sums fit AVX2's
 // 16 registers beside the weights).
-template <class Tile1, class Tile4, class Dequant>
-torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, Tile1 tile1, Tile4 tile4, Dequant dequant,
-                      int64_t G) {
+torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, F32Tile tile1, F32Tile tile4,
+                      DequantTile dequant, int64_t G) {
   auto y = torch::empty({x.size(0), a.N}, x.options());
   a.y = y.data_ptr<float>();
   a.x = x.data_ptr<float>();
@@ -222,12 +216,34 @@ torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, Tile1 ti
 }
 
 torch::Tensor linear_q4x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                              const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N) {
-  const X8Layout l = q4x8_layout(x, q, d, m, b, N);
+                              const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
+                              const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup) {
+  const X8Layout l = q4x8_layout(x, q, d, m, b, N, dsup, msup);
+  if (l.kscales)
+    return run_f32(x, l.args, true, q4x8_f32_tile<KScale, 1>, q4x8_f32_tile<KScale, 4>, q4x8_dequant_tile<KScale>,
+                   l.G);
   if (l.fp16_scales)
     return run_f32(x, l.args, true, q4x8_f32_tile<at::Half, 1>, q4x8_f32_tile<at::Half, 4>,
                    q4x8_dequant_tile<at::Half>, l.G);
   return run_f32(x, l.args, true, q4x8_f32_tile<float, 1>, q4x8_f32_tile<float, 4>, q4x8_dequant_tile<float>, l.G);
+}
+
+DequantTile q4x8_dequant_fn(const X8Layout& l) {
+  return l.kscales ? q4x8_dequant_tile<KScale> : l.fp16_scales ? q4x8_dequant_tile<at::Half> : q4x8_dequant_tile<float>;
+}
+
+torch::Tensor dequant_by_tiles(const X8Args& a, int64_t G, int64_t N, DequantTile tile) {
+  auto w = torch::empty({N, a.K}, torch::kFloat);
+  float* wp = w.data_ptr<float>();
+  at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> t(a.K * 16);
+    for (int64_t g = begin; g < end; ++g) {
+      tile(a, g, t.data());
+      for (int64_t r = 0; r < 8 && g * 8 + r < N; ++r)
+        for (int64_t k = 0; k < a.K; ++k) wp[(g * 8 + r) * a.K + k] = t[k * 16 + r];
+    }
+  });
+  return w;
 }
 
 template <typename S>

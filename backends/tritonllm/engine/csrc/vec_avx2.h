@@ -1,6 +1,7 @@
 // AVX2 helpers shared by the CPU kernels: horizontal sum and a vectorised exp.
 #pragma once
 #include <immintrin.h>
+#include <cstdint>
 
 namespace tritonllm {
 
@@ -9,6 +10,13 @@ inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  return _mm_cvtsi128_si32(t);
 }
 
 // exp(x) for 8 lanes: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes' degree-6 polynomial, 2^n by

@@ -1,0 +1,246 @@
+// Matmuls over 5- and 6-bit codes, packed: GGUF's Q5_0 / Q5_1 / Q5_K and Q6_K blocks at 6 and 8 bits a weight
+// (codes and scales) instead of the 8.5 and 10 of int8 codes, for batch-1 decode, whose time is the weights' bytes.
+//
+// Layout (written by engine/quant_nbit.py), rows in groups of 8 and blocks of 32 along K as int4's (qgemm.h):
+//   q [G, nb, 4, 32]: the codes' low nibbles exactly as int4 holds its codes (chunk t's in the low nibble of chunk
+//     t % 4, in the high nibble for t >= 4);
+//   h [G, nb, HB, 32], HB = bits - 4 high bits per code: plane p holds chunks p * 8 / HB .. + 8 / HB - 1, chunk t at
+//     bits HB * (t % (8 / HB)) of byte 4r + j (row r, input 4t + j);
+//   codes unsigned 0 .. 2^bits - 1 with a fixed offset zero: weight = d * (q - zero) (+ m). 5-bit: d (and m) per
+//     32-block [G, nb, 8] (Q5_0: zero 16; Q5_1 / Q5_K: zero 0 and m); 6-bit: d per 16-element half [G, 2 nb, 8],
+//     no m (Q6_K: zero 32).
+// With int8 activations the offset is taken out of the integer sums (sum (q - z) x = sum q x - z sum x, exact), so
+// the results are bit for bit those of the same weights held as signed int8 codes; with fp32 activations the
+// widened codes are (q - z) before the scale, the dequantized weights' values.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <vector>
+#include "kernels.h"
+#include "qgemm.h"
+
+namespace tk_qgemm {
+
+// Chunk t's codes (byte 4r + j: row r's code for input 4t + j). One 16-bit shift moves the high bits to bits 4..:
+// every byte's result bits come from the same byte (left by at most 4, right by at most 3).
+template <int HB>
+inline __m256i nbit_codes(const uint8_t* lo, const uint8_t* hi, int t) {
+  constexpr int per = 8 / HB;
+  const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + (t & 3) * 32));
+  const __m256i nib = _mm256_and_si256(t < 4 ? p : _mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + (t / per) * 32));
+  const int sh = 4 - HB * (t % per);
+  const __m256i hs = sh >= 0 ? _mm256_slli_epi16(h, sh) : _mm256_srli_epi16(h, -sh);
+  return _mm256_or_si256(nib, _mm256_and_si256(hs, _mm256_set1_epi8(static_cast<char>(((1 << HB) - 1) << 4))));
+}
+
+// int8 activations. maddubs pairs are at most 2 * 31 * 127 = 7874 (5-bit) or 2 * 63 * 127 = 16002 (6-bit): int16
+// sums hold RUN = 4 or 2 chunks before madd widens them. 6-bit (HB 2) scales per half: each half is applied alone.
+template <typename S, int HB, int MB>
+void nbit_x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
+  constexpr bool HALF = HB == 2;
+  constexpr int RUN = HB == 1 ? 4 : 2;
+  const int64_t nb = a.K / QK;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const int64_t i = g * nb + blk;
+    const uint8_t* lo = a.w + i * 128;
+    const uint8_t* hi = a.h + i * 32 * HB;
+    __m256i s32[MB];
+    for (int m = 0; m < MB; ++m) s32[m] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+#pragma GCC unroll 4
+      for (int r0 = 0; r0 < 4; r0 += RUN) {
+        __m256i s16[MB];
+        for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int u = 0; u < RUN; ++u) {
+          const int t = 4 * half + r0 + u;
+          const __m256i c = nbit_codes<HB>(lo, hi, t);
+          for (int m = 0; m < MB; ++m)
+            s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(c, bcast4(x.q.data() + (m0 + m) * a.K + blk * QK + 4 * t)));
+        }
+        for (int m = 0; m < MB; ++m) s32[m] = _mm256_add_epi32(s32[m], _mm256_madd_epi16(s16[m], ones));
+      }
+      if (HALF) {
+        const __m256 dv = scale8<S>(a.d, a.dsup, 2 * i + half, 16);
+        for (int m = 0; m < MB; ++m) {
+          const int64_t row = (m0 + m) * nb + blk;
+          const __m256i v = _mm256_sub_epi32(s32[m], _mm256_set1_epi32(a.zero * x.hs[2 * row + half]));
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row])), acc[m]);
+          s32[m] = _mm256_setzero_si256();
+        }
+      }
+    }
+    if (!HALF) {
+      const __m256 dv = scale8<S>(a.d, a.dsup, i, 8);
+      for (int m = 0; m < MB; ++m) {
+        const int64_t row = (m0 + m) * nb + blk;
+        const __m256i v = _mm256_sub_epi32(s32[m], _mm256_set1_epi32(a.zero * (x.hs[2 * row] + x.hs[2 * row + 1])));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row])), acc[m]);
+        if (a.m) acc[m] = _mm256_fmadd_ps(scale8<S>(a.m, a.msup, i, 8), _mm256_set1_ps(x.ds[row]), acc[m]);
+      }
+    }
+  }
+  store8<MB>(a, acc, g, m0);
+}
+
+// fp32 activations, few rows: each lane's 4 codes widened to (q - zero) in fp32, one byte at a time.
+template <typename S, int HB, int MB>
+void nbit_f32_tile(const X8Args& a, int64_t g, int64_t m0) {
+  constexpr bool HALF = HB == 2;
+  const int64_t nb = a.K / QK;
+  const __m256i byte = _mm256_set1_epi32(0xFF), zero = _mm256_set1_epi32(a.zero);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const int64_t i = g * nb + blk;
+    const uint8_t* lo = a.w + i * 128;
+    const uint8_t* hi = a.h + i * 32 * HB;
+    __m256 s[MB];
+    for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_ps();
+    for (int half = 0; half < 2; ++half) {
+      for (int t = 4 * half; t < 4 * half + 4; ++t) {
+        __m256i c = nbit_codes<HB>(lo, hi, t);
+        for (int j = 0; j < 4; ++j, c = _mm256_srli_epi32(c, 8)) {
+          const __m256 w = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(c, byte), zero));
+          for (int m = 0; m < MB; ++m)
+            s[m] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(a.x + (m0 + m) * a.K + blk * QK + 4 * t + j), s[m]);
+        }
+      }
+      if (HALF) {
+        const __m256 dv = scale8<S>(a.d, a.dsup, 2 * i + half, 16);
+        for (int m = 0; m < MB; ++m) {
+          acc[m] = _mm256_fmadd_ps(s[m], dv, acc[m]);
+          s[m] = _mm256_setzero_ps();
+        }
+      }
+    }
+    if (!HALF) {
+      const __m256 dv = scale8<S>(a.d, a.dsup, i, 8);
+      for (int m = 0; m < MB; ++m) {
+        acc[m] = _mm256_fmadd_ps(s[m], dv, acc[m]);
+        if (a.m)
+          acc[m] = _mm256_fmadd_ps(scale8<S>(a.m, a.msup, i, 8), _mm256_broadcast_ss(a.xs + (m0 + m) * nb + blk), acc[m]);
+      }
+    }
+  }
+  store8<MB>(a, acc, g, m0);
+}
+
+// Group g's 8 rows dequantized into columns 0-7 of tile [K, 16]: (q - zero) * d, then + m (quant_nbit.py's values).
+template <typename S, int HB>
+void nbit_dequant_tile(const X8Args& a, int64_t g, float* tile) {
+  constexpr bool HALF = HB == 2;
+  const int64_t nb = a.K / QK;
+  const __m256i byte = _mm256_set1_epi32(0xFF), zero = _mm256_set1_epi32(a.zero);
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const int64_t i = g * nb + blk;
+    const uint8_t* lo = a.w + i * 128;
+    const uint8_t* hi = a.h + i * 32 * HB;
+    const __m256 mv = a.m ? scale8<S>(a.m, a.msup, i, 8) : _mm256_setzero_ps();
+    float* tb = tile + blk * QK * 16;
+    for (int t = 0; t < 8; ++t) {
+      const __m256 dv = HALF ? scale8<S>(a.d, a.dsup, 2 * i + t / 4, 16) : scale8<S>(a.d, a.dsup, i, 8);
+      __m256i c = nbit_codes<HB>(lo, hi, t);
+      for (int j = 0; j < 4; ++j, c = _mm256_srli_epi32(c, 8)) {
+        const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(c, byte), zero)), dv);
+        _mm256_storeu_ps(tb + (4 * t + j) * 16, a.m ? _mm256_add_ps(w, mv) : w);
+      }
+    }
+  }
+}
+
+struct NbitLayout { X8Layout l; int64_t hb; };
+using Opt = c10::optional<torch::Tensor>;
+
+// q [G, nb, 4, 32] and h [G, nb, HB, 32] uint8; 5-bit: d (and m) [G, nb, 8]; 6-bit: d [G, 2 nb, 8], no m; scales
+// fp32, fp16, or K-quant codes with dsup (and msup).
+NbitLayout nbit_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& d,
+                       const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup, const Opt& msup) {
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == 4 && q.size(3) == 32 && q.scalar_type() == at::kByte && q.is_contiguous(),
+              "nbit: q [G, K/32, 4, 32] uint8 expected");
+  const int64_t G = q.size(0), nb = q.size(1), K = nb * QK, hb = h.dim() == 4 ? h.size(2) : 0;
+  TORCH_CHECK(N > (G - 1) * 8 && N <= G * 8, "nbit: N must fill the last group of 8 rows");
+  TORCH_CHECK((hb == 1 || hb == 2) && h.size(0) == G && h.size(1) == nb && h.size(3) == 32 &&
+                  h.scalar_type() == at::kByte && h.is_contiguous(),
+              "nbit: h [G, K/32, 1 or 2, 32] uint8 expected (5- or 6-bit codes)");
+  TORCH_CHECK(zero >= 0 && zero < (1 << (4 + hb)), "nbit: zero must be a code (0 .. 2^bits - 1)");
+  const bool has_m = m.has_value() && m->defined();
+  TORCH_CHECK(hb == 1 || !has_m, "nbit: 6-bit codes take no m");
+  if (x.defined()) check_x(x, K, b, N);
+  const bool has_b = b.has_value() && b->defined();
+  X8Args args{q.data_ptr<uint8_t>(), d.data_ptr(), has_m ? m->data_ptr() : nullptr,
+              has_b ? b->data_ptr<float>() : nullptr, nullptr, 0, K, N};
+  args.h = h.data_ptr<uint8_t>();
+  args.zero = static_cast<int32_t>(zero);
+  const bool kscales = check_block_scales(args, d, hb * nb, m, dsup, msup, G, "nbit scales");
+  return {{args, G, d.scalar_type() == at::kHalf, true, hb == 2, has_m, kscales}, hb};
+}
+
+// The tiles of a layout's scale type and bit width.
+template <typename S>
+struct NbitTiles {
+  static X8Tile x8(int hb, bool four) {
+    return hb == 1 ? (four ? nbit_x8_tile<S, 1, 4> : nbit_x8_tile<S, 1, 1>) : (four ? nbit_x8_tile<S, 2, 4> : nbit_x8_tile<S, 2, 1>);
+  }
+  static F32Tile f32(int hb, bool four) {
+    return hb == 1 ? (four ? nbit_f32_tile<S, 1, 4> : nbit_f32_tile<S, 1, 1>)
+                   : (four ? nbit_f32_tile<S, 2, 4> : nbit_f32_tile<S, 2, 1>);
+  }
+  static DequantTile dequant(int hb) { return hb == 1 ? nbit_dequant_tile<S, 1> : nbit_dequant_tile<S, 2>; }
+};
+
+template <template <typename> class F, typename... A>
+auto by_scales(const NbitLayout& n, A... args) {
+  if (n.l.kscales) return F<KScale>::get(n, args...);
+  if (n.l.fp16_scales) return F<at::Half>::get(n, args...);
+  return F<float>::get(n, args...);
+}
+
+template <typename S> struct X8Of { static X8Tile get(const NbitLayout& n, bool four) { return NbitTiles<S>::x8(n.hb, four); } };
+template <typename S> struct F32Of { static F32Tile get(const NbitLayout& n, bool four) { return NbitTiles<S>::f32(n.hb, four); } };
+template <typename S> struct DeqOf { static DequantTile get(const NbitLayout& n) { return NbitTiles<S>::dequant(n.hb); } };
+
+torch::Tensor linear_nbit(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
+                          const torch::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup,
+                          const Opt& msup) {
+  const NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
+  return run_x8(x, n.l.args, by_scales<X8Of>(n, false), by_scales<X8Of>(n, true), n.l.G, true);
+}
+
+torch::Tensor linear_nbit_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
+                              const torch::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero,
+                              const Opt& dsup, const Opt& msup) {
+  const NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
+  return run_f32(x, n.l.args, n.l.has_m, by_scales<F32Of>(n, false), by_scales<F32Of>(n, true), by_scales<DeqOf>(n),
+                 n.l.G);
+}
+
+// The float weight [N, K] (a long prefill with fp32 activations: oneDNN's GEMM over it), through the tiles.
+torch::Tensor dequant_nbit(const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& d, const Opt& m,
+                           int64_t N, int64_t zero, const Opt& dsup, const Opt& msup) {
+  const NbitLayout n = nbit_layout(torch::Tensor(), q, h, d, m, c10::nullopt, N, zero, dsup, msup);
+  return dequant_by_tiles(n.l.args, n.l.G, N, by_scales<DeqOf>(n));
+}
+
+}  // namespace tk_qgemm
+
+void register_nbit(pybind11::module& mod) {
+  using namespace tk_qgemm;
+  namespace py = pybind11;
+  mod.def("linear_nbit", &linear_nbit, "y = x W^T (+ b), W 5- / 6-bit codes packed (qgemm_nbit_cpu.cpp), int8 activations",
+          py::arg("x"), py::arg("q"), py::arg("h"), py::arg("d"), py::arg("m").none(true), py::arg("b").none(true),
+          py::arg("N"), py::arg("zero"), py::arg("dsup") = py::none(), py::arg("msup") = py::none(),
+          py::call_guard<py::gil_scoped_release>());
+  mod.def("linear_nbit_f32", &linear_nbit_f32, "linear_nbit with fp32 activations (no activation rounding)",
+          py::arg("x"), py::arg("q"), py::arg("h"), py::arg("d"), py::arg("m").none(true), py::arg("b").none(true),
+          py::arg("N"), py::arg("zero"), py::arg("dsup") = py::none(), py::arg("msup") = py::none(),
+          py::call_guard<py::gil_scoped_release>());
+  mod.def("dequant_nbit", &dequant_nbit, "the float weight [N, K] of a packed 5- / 6-bit layout",
+          py::arg("q"), py::arg("h"), py::arg("d"), py::arg("m").none(true), py::arg("N"), py::arg("zero"),
+          py::arg("dsup") = py::none(), py::arg("msup") = py::none(), py::call_guard<py::gil_scoped_release>());
+}
