@@ -1,5 +1,6 @@
-"""5- and 6-bit codes, packed: GGUF's Q5_0 / Q5_1 / Q5_K and Q6_K blocks held at about 6 and 8 bits a weight (codes
-and scales) rather than as int8 codes (8.5 and 10): a decode step reads every weight once, so its time is their bytes.
+"""5- and 6-bit codes, packed: GGUF's Q5_0 / Q5_1 / Q5_K and Q6_K blocks held at the file's 5.5 to 6.6 bits a weight
+(codes and scales, the K-quants' scales factored as the file has them) rather than as int8 codes (8.5 and 10): a
+decode step reads every weight once, so its time is their bytes.
 
 ``IntNWeight``: codes 0 .. 2^bits - 1 with a fixed offset ``zero``: weight = d * (q - zero) (+ m). 5-bit: d and m
 (or none) per row and 32-element block (Q5_0: zero 16; Q5_1, Q5_K: zero 0 and m); 6-bit: d per row and 16-element

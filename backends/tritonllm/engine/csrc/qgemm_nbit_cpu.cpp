@@ -1,5 +1,6 @@
-// Matmuls over 5- and 6-bit codes, packed: GGUF's Q5_0 / Q5_1 / Q5_K and Q6_K blocks at 6 and 8 bits a weight
-// (codes and scales) instead of the 8.5 and 10 of int8 codes, for batch-1 decode, whose time is the weights' bytes.
+// Matmuls over 5- and 6-bit codes, packed: GGUF's Q5_0 / Q5_1 / Q5_K and Q6_K blocks at the file's 5.5 to 6.6 bits a
+// weight (codes and scales; K-quant scales factored, qgemm.h KScale) instead of the 8.5 and 10 of int8 codes, for
+// batch-1 decode, whose time is the weights' bytes.
 //
 // Layout (written by engine/quant_nbit.py), rows in groups of 8 and blocks of 32 along K as int4's (qgemm.h):
 //   q [G, nb, 4, 32]: the codes' low nibbles exactly as int4 holds its codes (chunk t's in the low nibble of chunk
