@@ -216,6 +216,22 @@ bool check_block_scales(X8Args& args, const torch::Tensor& d, int64_t blocks, co
 }
 
 
+ExpandedScales::ExpandedScales(X8Args& args, int64_t G, int64_t blocks) {
+  const int64_t per_sup = blocks / (args.K / 256);  // vectors a super-block: 8 (per 32) or 16 (per 16)
+  d.resize(G * blocks * 8);
+  m.resize(args.m ? G * (args.K / QK) * 8 : 0);
+  at::parallel_for(0, G, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t v = begin * blocks; v < end * blocks; ++v)
+      _mm256_storeu_ps(d.data() + v * 8, scale8<KScale>(args.d, args.dsup, v, per_sup));
+    if (args.m)
+      for (int64_t v = begin * (args.K / QK); v < end * (args.K / QK); ++v)
+        _mm256_storeu_ps(m.data() + v * 8, scale8<KScale>(args.m, args.msup, v, 8));
+  });
+  args.d = d.data();
+  args.m = args.m ? m.data() : nullptr;
+  args.dsup = args.msup = nullptr;
+}
+
 // int4: d and m [G, K/32, 8] (or their K-quant codes with dsup and msup).
 X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
                      const c10::optional<torch::Tensor>& b, int64_t N, const c10::optional<torch::Tensor>& dsup,
@@ -262,6 +278,11 @@ torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const 
                           const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
                           const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup) {
   const X8Layout l = q4x8_layout(x, q, d, m, b, N, dsup, msup);
+  if (l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {
+    X8Args a = l.args;
+    const ExpandedScales fp32(a, l.G, a.K / QK);
+    return run_x8(x, a, q4x8_tile<float, 1>, q4x8_tile<float, 4>, l.G);
+  }
   if (l.kscales) return run_x8(x, l.args, q4x8_tile<KScale, 1>, q4x8_tile<KScale, 4>, l.G);
   if (l.fp16_scales)
     return run_x8(x, l.args, q4x8_tile<at::Half, 1>, q4x8_tile<at::Half, 4>, l.G);

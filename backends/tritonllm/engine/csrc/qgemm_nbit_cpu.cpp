@@ -209,7 +209,12 @@ template <typename S> struct DeqOf { static DequantTile get(const NbitLayout& n)
 torch::Tensor linear_nbit(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
                           const torch::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup,
                           const Opt& msup) {
-  const NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
+  NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
+  if (n.l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {  // qgemm.h: the tiles then read fp32 scales
+    const ExpandedScales fp32(n.l.args, n.l.G, n.hb * q.size(1));
+    n.l.kscales = n.l.fp16_scales = false;
+    return run_x8(x, n.l.args, by_scales<X8Of>(n, false), by_scales<X8Of>(n, true), n.l.G, true);
+  }
   return run_x8(x, n.l.args, by_scales<X8Of>(n, false), by_scales<X8Of>(n, true), n.l.G, true);
 }
 
