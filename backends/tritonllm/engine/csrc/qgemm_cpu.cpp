@@ -278,7 +278,7 @@ torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const 
                           const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
                           const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup) {
   const X8Layout l = q4x8_layout(x, q, d, m, b, N, dsup, msup);
-  if (l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {
+  if (l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {  // qgemm.h: the tiles then read fp32 scales
     X8Args a = l.args;
     const ExpandedScales fp32(a, l.G, a.K / QK);
     return run_x8(x, a, q4x8_tile<float, 1>, q4x8_tile<float, 4>, l.G);

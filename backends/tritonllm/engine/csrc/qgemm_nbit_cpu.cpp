@@ -16,6 +16,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <optional>
 #include <vector>
 #include "kernels.h"
 #include "qgemm.h"
@@ -182,55 +183,47 @@ NbitLayout nbit_layout(const torch::Tensor& x, const torch::Tensor& q, const tor
   return {{args, G, d.scalar_type() == at::kHalf, true, hb == 2, has_m, kscales}, hb};
 }
 
-// The tiles of a layout's scale type and bit width.
-template <typename S>
-struct NbitTiles {
-  static X8Tile x8(int hb, bool four) {
-    return hb == 1 ? (four ? nbit_x8_tile<S, 1, 4> : nbit_x8_tile<S, 1, 1>) : (four ? nbit_x8_tile<S, 2, 4> : nbit_x8_tile<S, 2, 1>);
-  }
-  static F32Tile f32(int hb, bool four) {
-    return hb == 1 ? (four ? nbit_f32_tile<S, 1, 4> : nbit_f32_tile<S, 1, 1>)
-                   : (four ? nbit_f32_tile<S, 2, 4> : nbit_f32_tile<S, 2, 1>);
-  }
-  static DequantTile dequant(int hb) { return hb == 1 ? nbit_dequant_tile<S, 1> : nbit_dequant_tile<S, 2>; }
-};
+// A layout's tiles, by scale type and bit width.
+struct NbitKernels { X8Tile x1, x4; F32Tile f1, f4; DequantTile dequant; };
 
-template <template <typename> class F, typename... A>
-auto by_scales(const NbitLayout& n, A... args) {
-  if (n.l.kscales) return F<KScale>::get(n, args...);
-  if (n.l.fp16_scales) return F<at::Half>::get(n, args...);
-  return F<float>::get(n, args...);
+template <typename S, int HB>
+NbitKernels nbit_kernels_of() {
+  return {nbit_x8_tile<S, HB, 1>, nbit_x8_tile<S, HB, 4>, nbit_f32_tile<S, HB, 1>, nbit_f32_tile<S, HB, 4>,
+          nbit_dequant_tile<S, HB>};
 }
 
-template <typename S> struct X8Of { static X8Tile get(const NbitLayout& n, bool four) { return NbitTiles<S>::x8(n.hb, four); } };
-template <typename S> struct F32Of { static F32Tile get(const NbitLayout& n, bool four) { return NbitTiles<S>::f32(n.hb, four); } };
-template <typename S> struct DeqOf { static DequantTile get(const NbitLayout& n) { return NbitTiles<S>::dequant(n.hb); } };
+NbitKernels nbit_kernels(const NbitLayout& n) {
+  if (n.l.kscales) return n.hb == 1 ? nbit_kernels_of<KScale, 1>() : nbit_kernels_of<KScale, 2>();
+  if (n.l.fp16_scales) return n.hb == 1 ? nbit_kernels_of<at::Half, 1>() : nbit_kernels_of<at::Half, 2>();
+  return n.hb == 1 ? nbit_kernels_of<float, 1>() : nbit_kernels_of<float, 2>();
+}
 
 torch::Tensor linear_nbit(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
                           const torch::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup,
                           const Opt& msup) {
   NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
-  if (n.l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {  // qgemm.h: the tiles then read fp32 scales
-    const ExpandedScales fp32(n.l.args, n.l.G, n.hb * q.size(1));
+  std::optional<ExpandedScales> fp32;  // qgemm.h: from EXPAND_KSCALES_ROWS the tiles read fp32 scales
+  if (n.l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {
+    fp32.emplace(n.l.args, n.l.G, n.hb * q.size(1));
     n.l.kscales = n.l.fp16_scales = false;
-    return run_x8(x, n.l.args, by_scales<X8Of>(n, false), by_scales<X8Of>(n, true), n.l.G, true);
   }
-  return run_x8(x, n.l.args, by_scales<X8Of>(n, false), by_scales<X8Of>(n, true), n.l.G, true);
+  const NbitKernels k = nbit_kernels(n);
+  return run_x8(x, n.l.args, k.x1, k.x4, n.l.G, true);
 }
 
 torch::Tensor linear_nbit_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
                               const torch::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero,
                               const Opt& dsup, const Opt& msup) {
   const NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
-  return run_f32(x, n.l.args, n.l.has_m, by_scales<F32Of>(n, false), by_scales<F32Of>(n, true), by_scales<DeqOf>(n),
-                 n.l.G);
+  const NbitKernels k = nbit_kernels(n);
+  return run_f32(x, n.l.args, n.l.has_m, k.f1, k.f4, k.dequant, n.l.G);
 }
 
 // The float weight [N, K] (a long prefill with fp32 activations: oneDNN's GEMM over it), through the tiles.
 torch::Tensor dequant_nbit(const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& d, const Opt& m,
                            int64_t N, int64_t zero, const Opt& dsup, const Opt& msup) {
   const NbitLayout n = nbit_layout(torch::Tensor(), q, h, d, m, c10::nullopt, N, zero, dsup, msup);
-  return dequant_by_tiles(n.l.args, n.l.G, N, by_scales<DeqOf>(n));
+  return dequant_by_tiles(n.l.args, n.l.G, N, nbit_kernels(n).dequant);
 }
 
 }  // namespace tk_qgemm
