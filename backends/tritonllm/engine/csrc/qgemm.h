@@ -5,6 +5,7 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace tk_qgemm {
@@ -124,6 +125,18 @@ struct QuantizedRows {
 
 // The tiles the runners call: MB activation rows (from m0) against group g's 8 weight rows.
 using X8Tile = void (*)(const X8Args&, const QuantizedRows&, int64_t g, int64_t m0);
+// An int8-activation layout's tiles (int8_tiles.h) for 1 and 4 rows, by its codes and its scales' type: int8 codes
+// with one scale a row, a 32-block or a 16-element half; int4; packed 5- / 6-bit codes. Scales fp32, fp16 or KScale.
+enum class Codes { Q8_ROW, Q8_BLOCK, Q8_HALF, Q4, N5, N6 };
+enum class Scales { F32, F16, K };
+struct X8Tiles { X8Tile x1, x4; };
+// The tiles of the instruction set in use (cpu_isa below): AVX-512 VNNI's where the CPU has it, AVX2's otherwise.
+X8Tiles int8_tiles(Codes c, Scales s);
+X8Tiles int8_tiles_vnni(Codes c, Scales s);  // qgemm_vnni_cpu.cpp; call only where the CPU has AVX-512 VNNI + VL
+// The instruction set of the int8 dot products: "avx2" or "avx512_vnni" sets it ("auto": the best this CPU has; one
+// it lacks is an error), "" only reads it. Both give bit for bit the same results: the choice is speed alone, and
+// process-wide (tests and benchmarks compare the two).
+std::string cpu_isa(const std::string& set);
 using F32Tile = void (*)(const X8Args&, int64_t g, int64_t m0);
 using DequantTile = void (*)(const X8Args&, int64_t g, float* tile);  // group g's rows into columns 0-7 of [K, 16]
 

@@ -16,9 +16,11 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 #include "kernels.h"
+#include "int8_tiles.h"
 #include "qgemm.h"
 #include "vec_avx2.h"
 
@@ -74,72 +76,6 @@ void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tenso
   if (b.has_value() && b->defined())
     TORCH_CHECK(b->dim() == 1 && b->size(0) == N && b->is_contiguous() && b->scalar_type() == at::kFloat,
                 "quantized linear: bias [N] float32 expected");
-}
-
-// int8: maddubs wants one unsigned side, so |w| x sign(x, w). A code of -128 is safe: sign(w, w) leaves 0x80,
-// read as unsigned 128, and a pair sums to at most 2 * 128 * 127 = 32512 < 32767 (activations stay in +-127);
-// two pairs may not, so each chunk is widened to int32 (madd) before it is added.
-// HALF (d [G, 2 K/32, 8], GGUF's 16-element sub-blocks): chunks 0-3 of a block (inputs 0-15) and 4-7 (16-31) add
-// up in two accumulators, each scaled by its own half's d.
-template <typename S, bool PER_BLOCK, bool HALF, int MB>
-inline void q8x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
-  const int64_t nb = a.K / QK;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const uint8_t* wg = a.w + g * nb * 256;
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    __m256i s32[MB], h32[MB];
-    for (int m = 0; m < MB; ++m) s32[m] = h32[m] = _mm256_setzero_si256();
-    for (int t = 0; t < 8; ++t) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 256 + t * 32));
-      const __m256i aw = _mm256_sign_epi8(w, w);
-      for (int m = 0; m < MB; ++m) {
-        const __m256i xs = _mm256_sign_epi8(bcast4(x.q.data() + (m0 + m) * a.K + blk * QK + 4 * t), w);
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones);
-        if (HALF && t >= 4) h32[m] = _mm256_add_epi32(h32[m], p);
-        else s32[m] = _mm256_add_epi32(s32[m], p);
-      }
-    }
-    for (int m = 0; m < MB; ++m) {
-      const int64_t i = (m0 + m) * nb + blk;
-      acc[m] = block_fma<S, PER_BLOCK, HALF, true>(acc[m], _mm256_cvtepi32_ps(s32[m]), _mm256_cvtepi32_ps(h32[m]),
-                                                   a, g, blk, x.d[i], x.ds.empty() ? 0.f : x.ds[i]);
-    }
-  }
-  finish_x8<S, PER_BLOCK, MB>(a, acc, g, m0);
-}
-
-// int4: the 8 maddubs of a block add up in int16 without overflow: each lane is at most 2 * 15 * 127 = 3810,
-// eight of them 30480 < 32767.
-template <typename S, int MB>
-inline void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
-  const int64_t nb = a.K / QK;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  const uint8_t* wg = a.w + g * nb * 128;
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    __m256i s16[MB];
-    for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
-    for (int t = 0; t < 4; ++t) {
-      const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 128 + t * 32));
-      const __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
-      for (int m = 0; m < MB; ++m) {
-        const int8_t* xb = x.q.data() + (m0 + m) * a.K + blk * QK;
-        s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(lo, bcast4(xb + 4 * t)));
-        s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(hi, bcast4(xb + 4 * (t + 4))));
-      }
-    }
-    const __m256 dv = scale8<S>(a.d, a.dsup, g * nb + blk, 8), mv = scale8<S>(a.m, a.msup, g * nb + blk, 8);
-    for (int m = 0; m < MB; ++m) {
-      const int64_t row = m0 + m;
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[m], ones));
-      acc[m] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row * nb + blk])), acc[m]);
-      acc[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.ds[row * nb + blk]), acc[m]);
-    }
-  }
-  store8<MB>(a, acc, g, m0);
 }
 
 constexpr int64_t PANEL_BYTES = 128 * 1024;
@@ -265,14 +201,7 @@ X8Layout q8x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch
           G, d.scalar_type() == at::kHalf, per_block, half, has_m};
 }
 
-template <typename S>
-torch::Tensor run_q8x8(const torch::Tensor& x, const X8Layout& l) {
-  const X8Args& a = l.args;
-  if (l.sub16) return run_x8(x, a, q8x8_tile<S, true, true, 1>, q8x8_tile<S, true, true, 4>, l.G);
-  if (l.per_block)
-    return run_x8(x, a, q8x8_tile<S, true, false, 1>, q8x8_tile<S, true, false, 4>, l.G);
-  return run_x8(x, a, q8x8_tile<S, false, false, 1>, q8x8_tile<S, false, false, 4>, l.G);
-}
+Scales scales_of(const X8Layout& l) { return l.kscales ? Scales::K : l.fp16_scales ? Scales::F16 : Scales::F32; }
 
 torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                           const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
@@ -281,18 +210,41 @@ torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const 
   if (l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {  // qgemm.h: the tiles then read fp32 scales
     X8Args a = l.args;
     const ExpandedScales fp32(a, l.G, a.K / QK);
-    return run_x8(x, a, q4x8_tile<float, 1>, q4x8_tile<float, 4>, l.G);
+    const X8Tiles t = int8_tiles(Codes::Q4, Scales::F32);
+    return run_x8(x, a, t.x1, t.x4, l.G);
   }
-  if (l.kscales) return run_x8(x, l.args, q4x8_tile<KScale, 1>, q4x8_tile<KScale, 4>, l.G);
-  if (l.fp16_scales)
-    return run_x8(x, l.args, q4x8_tile<at::Half, 1>, q4x8_tile<at::Half, 4>, l.G);
-  return run_x8(x, l.args, q4x8_tile<float, 1>, q4x8_tile<float, 4>, l.G);
+  const X8Tiles t = int8_tiles(Codes::Q4, scales_of(l));
+  return run_x8(x, l.args, t.x1, t.x4, l.G);
 }
 
 torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                           const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
   const X8Layout l = q8x8_layout(x, q, d, m, b, N);
-  return l.fp16_scales ? run_q8x8<at::Half>(x, l) : run_q8x8<float>(x, l);
+  const X8Tiles t = int8_tiles(l.sub16 ? Codes::Q8_HALF : l.per_block ? Codes::Q8_BLOCK : Codes::Q8_ROW, scales_of(l));
+  return run_x8(x, l.args, t.x1, t.x4, l.G);
+}
+
+namespace {
+bool cpu_has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+}
+// Read by every int8-activation matmul, written only by cpu_isa: relaxed is enough (both choices compute the same).
+std::atomic<bool> vnni_in_use{cpu_has_vnni()};
+}  // namespace
+
+X8Tiles int8_tiles(Codes c, Scales s) {
+  return vnni_in_use.load(std::memory_order_relaxed) ? int8_tiles_vnni(c, s) : tiles_of<false>(c, s);
+}
+
+std::string cpu_isa(const std::string& set) {
+  if (set == "auto") vnni_in_use = cpu_has_vnni();
+  else if (set == "avx2") vnni_in_use = false;
+  else if (set == "avx512_vnni") {
+    TORCH_CHECK(cpu_has_vnni(), "cpu_isa: this CPU lacks AVX-512 VNNI (or VL); use avx2 or auto");
+    vnni_in_use = true;
+  } else TORCH_CHECK(set.empty(), "cpu_isa: auto, avx2 or avx512_vnni expected, got '", set, "'");
+  return vnni_in_use ? "avx512_vnni" : "avx2";
 }
 
 template <typename S>
@@ -373,6 +325,8 @@ void register_qgemm(pybind11::module& mod) {
           pybind11::arg("b").none(true), pybind11::arg("N"), pybind11::arg("dsup") = pybind11::none(),
           pybind11::arg("msup") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  mod.def("cpu_isa", &cpu_isa, "the int8 dot products' instruction set: sets it (auto, avx2, avx512_vnni) and returns it; '' only reads it",
+          pybind11::arg("set") = "");
   mod.def("dequant_x8", &dequant_x8, "the float weight [N, K] of an interleaved int8 / int4 layout",
           pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true), pybind11::arg("N"),
           pybind11::arg("dsup") = pybind11::none(), pybind11::arg("msup") = pybind11::none(),

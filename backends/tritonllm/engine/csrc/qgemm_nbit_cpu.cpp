@@ -18,77 +18,11 @@
 #include <immintrin.h>
 #include <optional>
 #include <vector>
+#include "int8_tiles.h"
 #include "kernels.h"
 #include "qgemm.h"
 
 namespace tk_qgemm {
-
-// Chunk t's codes (byte 4r + j: row r's code for input 4t + j). One 16-bit shift moves the high bits to bits 4..:
-// every byte's result bits come from the same byte (left by at most 4, right by at most 3).
-template <int HB>
-inline __m256i nbit_codes(const uint8_t* lo, const uint8_t* hi, int t) {
-  constexpr int per = 8 / HB;
-  const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + (t & 3) * 32));
-  const __m256i nib = _mm256_and_si256(t < 4 ? p : _mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + (t / per) * 32));
-  const int sh = 4 - HB * (t % per);
-  const __m256i hs = sh >= 0 ? _mm256_slli_epi16(h, sh) : _mm256_srli_epi16(h, -sh);
-  return _mm256_or_si256(nib, _mm256_and_si256(hs, _mm256_set1_epi8(static_cast<char>(((1 << HB) - 1) << 4))));
-}
-
-// int8 activations. maddubs pairs are at most 2 * 31 * 127 = 7874 (5-bit) or 2 * 63 * 127 = 16002 (6-bit): int16
-// sums hold RUN = 4 or 2 chunks before madd widens them. 6-bit (HB 2) scales per half: each half is applied alone.
-template <typename S, int HB, int MB>
-void nbit_x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
-  constexpr bool HALF = HB == 2;
-  constexpr int RUN = HB == 1 ? 4 : 2;
-  const int64_t nb = a.K / QK;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    const int64_t i = g * nb + blk;
-    const uint8_t* lo = a.w + i * 128;
-    const uint8_t* hi = a.h + i * 32 * HB;
-    __m256i s32[MB];
-    for (int m = 0; m < MB; ++m) s32[m] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-    for (int half = 0; half < 2; ++half) {
-#pragma GCC unroll 4
-      for (int r0 = 0; r0 < 4; r0 += RUN) {
-        __m256i s16[MB];
-        for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int u = 0; u < RUN; ++u) {
-          const int t = 4 * half + r0 + u;
-          const __m256i c = nbit_codes<HB>(lo, hi, t);
-          for (int m = 0; m < MB; ++m)
-            s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(c, bcast4(x.q.data() + (m0 + m) * a.K + blk * QK + 4 * t)));
-        }
-        for (int m = 0; m < MB; ++m) s32[m] = _mm256_add_epi32(s32[m], _mm256_madd_epi16(s16[m], ones));
-      }
-      if (HALF) {
-        const __m256 dv = scale8<S>(a.d, a.dsup, 2 * i + half, 16);
-        for (int m = 0; m < MB; ++m) {
-          const int64_t row = (m0 + m) * nb + blk;
-          const __m256i v = _mm256_sub_epi32(s32[m], _mm256_set1_epi32(a.zero * x.hs[2 * row + half]));
-          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row])), acc[m]);
-          s32[m] = _mm256_setzero_si256();
-        }
-      }
-    }
-    if (!HALF) {
-      const __m256 dv = scale8<S>(a.d, a.dsup, i, 8);
-      for (int m = 0; m < MB; ++m) {
-        const int64_t row = (m0 + m) * nb + blk;
-        const __m256i v = _mm256_sub_epi32(s32[m], _mm256_set1_epi32(a.zero * (x.hs[2 * row] + x.hs[2 * row + 1])));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[row])), acc[m]);
-        if (a.m) acc[m] = _mm256_fmadd_ps(scale8<S>(a.m, a.msup, i, 8), _mm256_set1_ps(x.ds[row]), acc[m]);
-      }
-    }
-  }
-  store8<MB>(a, acc, g, m0);
-}
 
 // fp32 activations, few rows: each lane's 4 codes widened to (q - zero) in fp32, one byte at a time.
 template <typename S, int HB, int MB>
@@ -183,13 +117,12 @@ NbitLayout nbit_layout(const torch::Tensor& x, const torch::Tensor& q, const tor
   return {{args, G, d.scalar_type() == at::kHalf, true, hb == 2, has_m, kscales}, hb};
 }
 
-// A layout's tiles, by scale type and bit width.
-struct NbitKernels { X8Tile x1, x4; F32Tile f1, f4; DequantTile dequant; };
+// A layout's fp32-activation tiles, by scale type and bit width (the int8-activation ones: int8_tiles).
+struct NbitKernels { F32Tile f1, f4; DequantTile dequant; };
 
 template <typename S, int HB>
 NbitKernels nbit_kernels_of() {
-  return {nbit_x8_tile<S, HB, 1>, nbit_x8_tile<S, HB, 4>, nbit_f32_tile<S, HB, 1>, nbit_f32_tile<S, HB, 4>,
-          nbit_dequant_tile<S, HB>};
+  return {nbit_f32_tile<S, HB, 1>, nbit_f32_tile<S, HB, 4>, nbit_dequant_tile<S, HB>};
 }
 
 NbitKernels nbit_kernels(const NbitLayout& n) {
@@ -207,8 +140,9 @@ torch::Tensor linear_nbit(const torch::Tensor& x, const torch::Tensor& q, const 
     fp32.emplace(n.l.args, n.l.G, n.hb * q.size(1));
     n.l.kscales = n.l.fp16_scales = false;
   }
-  const NbitKernels k = nbit_kernels(n);
-  return run_x8(x, n.l.args, k.x1, k.x4, n.l.G, true);
+  const Scales s = n.l.kscales ? Scales::K : n.l.fp16_scales ? Scales::F16 : Scales::F32;
+  const X8Tiles t = int8_tiles(n.hb == 1 ? Codes::N5 : Codes::N6, s);
+  return run_x8(x, n.l.args, t.x1, t.x4, n.l.G, true);
 }
 
 torch::Tensor linear_nbit_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
