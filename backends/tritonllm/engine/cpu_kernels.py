@@ -41,7 +41,7 @@ TILE_MAX_ROWS = 256
 # KV caches rope_store / decode_attention read and write (engine/kv_cache.kv_layout: fp32, fp16, int8 rows + scale)
 KV_DTYPES = (torch.float32, torch.float16, torch.int8)
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / name for name in ("gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp", "qgemm_cpu.cpp",
+SOURCES = [CSRC / name for name in ("bindings.cpp", "gemm_cpu.cpp", "attention_cpu.cpp", "elementwise_cpu.cpp", "qgemm_cpu.cpp",
                                             "qgemm_f32_cpu.cpp", "qgemm_nbit_cpu.cpp", "qgemm_vnni_cpu.cpp", "fp8_cpu.cpp",
                                             "decode_cpu.cpp")]
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]

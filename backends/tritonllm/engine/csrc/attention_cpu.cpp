@@ -10,8 +10,7 @@
 // Numerics: RoPE is the same multiply-multiply-add per element as HF's rotate-half form (built with
 // -ffp-contract=off so it stays bitwise equal); softmax is the plain max-subtracted form with a vectorised
 // exp (vec_avx2.h), so attention outputs differ from SDPA's blocked online softmax by rounding only.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include "vec_avx2.h"
 #include <immintrin.h>
 #include <cmath>
@@ -175,7 +174,7 @@ void grouped_attention(const float* q, const Rows<E>& k, const Rows<E>& v, int64
 }
 
 // The cache's row width for head_dim D: D values, plus the 4 bytes of the row's scale in an int8 cache.
-int64_t row_width(const torch::Tensor& cache, int64_t D) {
+int64_t row_width(const at::Tensor& cache, int64_t D) {
   const auto t = cache.scalar_type();
   TORCH_CHECK(cache.is_contiguous() && (t == at::kFloat || t == at::kHalf || t == at::kChar),
               "KV cache: contiguous float32, float16 or int8 expected");
@@ -198,7 +197,7 @@ inline void put_row(const float* x, int64_t D, int8_t* dst) {
 
 // Calls f with a null pointer of the cache's element type (the type, not the value, is what f needs).
 template <typename F>
-void by_cache_type(const torch::Tensor& cache, F&& f) {
+void by_cache_type(const at::Tensor& cache, F&& f) {
   switch (cache.scalar_type()) {
     case at::kHalf: f(static_cast<at::Half*>(nullptr)); break;
     case at::kChar: f(static_cast<int8_t*>(nullptr)); break;
@@ -206,14 +205,14 @@ void by_cache_type(const torch::Tensor& cache, F&& f) {
   }
 }
 
-void check_f32(const torch::Tensor& t, const char* name) {
+void check_f32(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), name, ": contiguous float32 expected");
 }
 
 // Rotates q and k heads of qkv in place (x * cos + rotate_half(x) * sin) and writes k and v of token t
 // into cache slot slots[t] (as is, as fp16, or as int8 codes with the row's scale: see put_row).
-void rope_store(torch::Tensor qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                const torch::Tensor& slots, torch::Tensor kc, torch::Tensor vc, int64_t H, int64_t KVH) {
+void rope_store(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
+                const at::Tensor& slots, at::Tensor kc, at::Tensor vc, int64_t H, int64_t KVH) {
   check_f32(cos, "cos"); check_f32(sin, "sin");
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [T, F] float32");
   const int64_t T = qkv.size(0), D = qkv.size(1) / (H + 2 * KVH), half = D / 2, S = kc.size(0);
@@ -251,9 +250,9 @@ void rope_store(torch::Tensor qkv, const torch::Tensor& cos, const torch::Tensor
 
 // out[rows[i], h * D:(h + 1) * D] = attention of q head h of token rows[i] over the cache slots
 // slots[i, lo[i]:hi[i]].
-void decode_attention(const torch::Tensor& qkv, const torch::Tensor& kc, const torch::Tensor& vc,
-                      const torch::Tensor& rows, const torch::Tensor& slots, const torch::Tensor& lo,
-                      const torch::Tensor& hi, double scale, int64_t H, torch::Tensor out) {
+void decode_attention(const at::Tensor& qkv, const at::Tensor& kc, const at::Tensor& vc,
+                      const at::Tensor& rows, const at::Tensor& slots, const at::Tensor& lo,
+                      const at::Tensor& hi, double scale, int64_t H, at::Tensor out) {
   check_f32(out, "out");
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [T, F] float32");
   for (auto* t : {&rows, &slots, &lo, &hi})
@@ -308,11 +307,3 @@ void decode_attention(const torch::Tensor& qkv, const torch::Tensor& kc, const t
 }
 
 }  // namespace tk_attention
-using namespace tk_attention;
-
-void register_attention(pybind11::module& m) {
-  m.def("rope_store", &rope_store, "in-place RoPE of q, k heads in qkv; k, v into the paged cache",
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("decode_attention", &decode_attention, "one-token attention per sequence over its cache slots",
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-}

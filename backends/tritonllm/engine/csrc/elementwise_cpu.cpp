@@ -5,8 +5,7 @@
 // Numerics follow HF: var = mean(x^2) in fp32 (summed in 8 lanes, so the last bits of var can differ
 // from torch's reduction), y = w * (x * (1 / sqrt(var + eps))); silu(x) = x / (1 + exp(-x)) with a
 // vectorised exp within ~2 ulp of expf (Cephes polynomial).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include <immintrin.h>
 #include <cmath>
 
@@ -18,7 +17,7 @@ namespace tk_elementwise {
 using tritonllm::exp8;
 using tritonllm::hsum;
 
-void check_rows(const torch::Tensor& x, const torch::Tensor& w, const char* name) {
+void check_rows(const at::Tensor& x, const at::Tensor& w, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), name, ": x [T, D] float32");
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 1 && w.size(0) == x.size(1) && w.is_contiguous(),
               name, ": weight [D] float32");
@@ -40,9 +39,9 @@ void norm_row(const float* x, const float* w, float* y, int64_t D, float eps) {
   for (; j < D; ++j) y[j] = w[j] * (x[j] * r);
 }
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check_rows(x, w, "rms_norm");
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   const int64_t D = x.size(1);
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -53,11 +52,11 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 }
 
 // h += d (in place), returns rms_norm(h).
-torch::Tensor add_rms_norm(torch::Tensor h, const torch::Tensor& d, const torch::Tensor& w, double eps) {
+at::Tensor add_rms_norm(at::Tensor h, const at::Tensor& d, const at::Tensor& w, double eps) {
   check_rows(h, w, "add_rms_norm");
   TORCH_CHECK(d.sizes() == h.sizes() && d.scalar_type() == at::kFloat && d.is_contiguous(),
               "add_rms_norm: residual delta must match h");
-  auto y = torch::empty_like(h);
+  auto y = at::empty_like(h);
   const int64_t D = h.size(1);
   float *hp = h.data_ptr<float>(), *yp = y.data_ptr<float>();
   const float *dp = d.data_ptr<float>(), *wp = w.data_ptr<float>();
@@ -72,11 +71,11 @@ torch::Tensor add_rms_norm(torch::Tensor h, const torch::Tensor& d, const torch:
 }
 
 // gu [T, 2 I] = [gate | up] -> silu(gate) * up [T, I]
-torch::Tensor silu_mul(const torch::Tensor& gu) {
+at::Tensor silu_mul(const at::Tensor& gu) {
   TORCH_CHECK(gu.scalar_type() == at::kFloat && gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0,
               "silu_mul: gu [T, 2 I] float32");
   const int64_t T = gu.size(0), I = gu.size(1) / 2;
-  auto y = torch::empty({T, I}, gu.options());
+  auto y = at::empty({T, I}, gu.options());
   const float* gp = gu.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, T * I, 2048, [&](int64_t b, int64_t e) {
@@ -97,13 +96,3 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
 }
 
 }  // namespace tk_elementwise
-using namespace tk_elementwise;
-
-void register_elementwise(pybind11::module& m) {
-  m.def("rms_norm", &rms_norm, "w * x / sqrt(mean(x^2) + eps) per row",
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("add_rms_norm", &add_rms_norm, "h += d in place, then rms_norm(h)",
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of [gate | up]",
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-}

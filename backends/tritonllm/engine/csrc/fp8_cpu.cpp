@@ -7,8 +7,7 @@
 // subnormals); one multiply by 2^120 and the sign bit finish it. The NaN codes (0x7F, 0xFF) would come
 // out finite; quantized weights never hold them. The scalar tail uses lut (the codes as fp32, torch).
 // Output rows are split across torch's intra-op threads; each weight row is converted once for up to 4 activation rows.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include <immintrin.h>
 #include "vec_avx2.h"
 
@@ -42,8 +41,8 @@ inline void f8_row(const F8Args& a, int64_t n, int64_t m0) {
   }
 }
 
-torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const torch::Tensor& lut, const c10::optional<torch::Tensor>& b) {
+at::Tensor linear_f8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                        const at::Tensor& lut, const c10::optional<at::Tensor>& b) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous(), "linear_f8: uint8 q [N, K]");
   const int64_t N = q.size(0), K = q.size(1);
   TORCH_CHECK(d.numel() == N && d.scalar_type() == at::kFloat && d.is_contiguous(), "linear_f8: d [N] float32");
@@ -54,7 +53,7 @@ torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const to
   if (has_b)
     TORCH_CHECK(b->dim() == 1 && b->size(0) == N && b->is_contiguous() && b->scalar_type() == at::kFloat,
                 "linear_f8: bias [N] float32 expected");
-  auto y = torch::empty({x.size(0), N}, x.options());
+  auto y = at::empty({x.size(0), N}, x.options());
   const F8Args a{q.data_ptr<uint8_t>(), d.data_ptr<float>(), lut.data_ptr<float>(), x.data_ptr<float>(),
                  has_b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0), K, N};
   at::parallel_for(0, N, 8, [&](int64_t begin, int64_t end) {
@@ -69,10 +68,3 @@ torch::Tensor linear_f8(const torch::Tensor& x, const torch::Tensor& q, const to
 
 }  // namespace tk_fp8
 
-void register_fp8(pybind11::module& mod) {
-  using namespace tk_fp8;
-  mod.def("linear_f8", &linear_f8, "y = x W^T (+ b), W float8_e4m3fn per channel, converted in registers",
-          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("lut"),
-          pybind11::arg("b") = pybind11::none(),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-}

@@ -9,8 +9,7 @@
 // from memory once per call and each activation vector is reused R times. Every output is one fp32 dot
 // product (8 partial sums, then a horizontal add): not bitwise equal to MKL / oneDNN, within ~1e-6
 // relative of them.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include "vec_avx2.h"
 #include <immintrin.h>
 
@@ -70,7 +69,7 @@ void run(const Args& a) {
   for (int64_t n = (a.N / R) * R; n < a.N; ++n) row_block<1, 1, false>(a, n);
 }
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& b) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "linear: x [M, K], w [N, K] expected");
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "linear: float32 only");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "linear: contiguous x and w expected");
@@ -78,7 +77,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
   if (has_b)
     TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->is_contiguous() &&
                 b->scalar_type() == at::kFloat, "linear: bias [N] float32 expected");
-  auto y = torch::empty({x.size(0), w.size(0)}, x.options());
+  auto y = at::empty({x.size(0), w.size(0)}, x.options());
   Args a{x.data_ptr<float>(), w.data_ptr<float>(), has_b ? b->data_ptr<float>() : nullptr,
          y.data_ptr<float>(), x.size(0), x.size(1), w.size(0)};
   // Tile shapes chosen by benchmarks/bench_cpu_kernels.py on the 2-core AVX2 EPYC (16 ymm registers).
@@ -89,26 +88,3 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
 }
 
 }  // namespace tk_gemm
-using namespace tk_gemm;
-
-void register_attention(pybind11::module& m);    // attention_cpu.cpp
-void register_elementwise(pybind11::module& m);  // elementwise_cpu.cpp
-void register_qgemm(pybind11::module& m);        // qgemm_cpu.cpp
-void register_decode(pybind11::module& m);       // decode_cpu.cpp
-void register_nbit(pybind11::module& m);         // qgemm_nbit_cpu.cpp
-void register_fp8(pybind11::module& m);          // fp8_cpu.cpp
-
-// Every function is bound with the GIL released (call_guard), as torch's own operators are: a step's
-// kernels hold no Python lock, so the serving process's other Python threads (Triton's request thread, the
-// responder sending streamed tokens) run during them instead of waiting up to a switch interval (5 ms).
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  register_attention(m);
-  register_elementwise(m);
-  register_qgemm(m);
-  register_decode(m);
-  register_nbit(m);
-  register_fp8(m);
-  m.def("linear", &linear, "y = x W^T (+ b), fp32, AVX2 + FMA", pybind11::arg("x"), pybind11::arg("w"),
-        pybind11::arg("b") = pybind11::none(),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-}

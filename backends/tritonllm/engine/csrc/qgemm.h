@@ -1,7 +1,7 @@
 // Shared by the int8 / int4 kernels (qgemm_cpu.cpp: int8 activations, qgemm_f32_cpu.cpp: fp32 activations):
 // the interleaved weight layout, the tiles' arguments, their scale loads and stores.
 #pragma once
-#include <torch/extension.h>
+#include "kernels.h"
 #include <immintrin.h>
 #include <algorithm>
 #include <cstring>
@@ -130,34 +130,30 @@ using X8Tile = void (*)(const X8Args&, const QuantizedRows&, int64_t g, int64_t 
 enum class Codes { Q8_ROW, Q8_BLOCK, Q8_HALF, Q4, N5, N6 };
 enum class Scales { F32, F16, K };
 struct X8Tiles { X8Tile x1, x4; };
-// The tiles of the instruction set in use (cpu_isa below): AVX-512 VNNI's where the CPU has it, AVX2's otherwise.
+// The tiles of the instruction set in use (cpu_isa, kernels.h): AVX-512 VNNI's where the CPU has it, AVX2's otherwise.
 X8Tiles int8_tiles(Codes c, Scales s);
 X8Tiles int8_tiles_vnni(Codes c, Scales s);  // qgemm_vnni_cpu.cpp; call only where the CPU has AVX-512 VNNI + VL
-// The instruction set of the int8 dot products: "avx2" or "avx512_vnni" sets it ("auto": the best this CPU has; one
-// it lacks is an error), "" only reads it. Both give bit for bit the same results: the choice is speed alone, and
-// process-wide (tests and benchmarks compare the two).
-std::string cpu_isa(const std::string& set);
 using F32Tile = void (*)(const X8Args&, int64_t g, int64_t m0);
 using DequantTile = void (*)(const X8Args&, int64_t g, float* tile);  // group g's rows into columns 0-7 of [K, 16]
 
 // int8 activations (qgemm_cpu.cpp): x quantized once, then tile4 / tile1 over every group in L2-sized row panels.
-torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G,
+at::Tensor run_x8(const at::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G,
                      bool half_sums = false);
 // fp32 activations (qgemm_f32_cpu.cpp): widened codes for few rows (per-block activation sums in xs when need_sums),
 // dequantized [K, 16] tiles for TILE_ROWS or more.
-torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, F32Tile tile1, F32Tile tile4,
+at::Tensor run_f32(const at::Tensor& x, X8Args a, bool need_sums, F32Tile tile1, F32Tile tile4,
                       DequantTile dequant, int64_t G);
 // The check every quantized matmul makes of its activations and bias.
-void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& b, int64_t N);
-void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, c10::ScalarType dtype, const char* name);
+void check_x(const at::Tensor& x, int64_t K, const c10::optional<at::Tensor>& b, int64_t N);
+void check_scales(const at::Tensor& t, const std::vector<int64_t>& shape, c10::ScalarType dtype, const char* name);
 
 // A weight's layout, checked once for both activation modes: the kernel arguments and which tiles apply.
 struct X8Layout { X8Args args; int64_t G; bool fp16_scales, per_block, sub16, has_m, kscales = false; };
 
 // Scales (d, and m where given) of a layout whose blocks are vectors [G, blocks, 8]: fp32 or fp16 alike, or int8 codes
 // with float16 super-block scales dsup (and msup) [G, K/256, 8] (KScale); sets args.dsup / msup, returns kscales.
-bool check_block_scales(X8Args& args, const torch::Tensor& d, int64_t blocks, const c10::optional<torch::Tensor>& m,
-                        const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup, int64_t G,
+bool check_block_scales(X8Args& args, const at::Tensor& d, int64_t blocks, const c10::optional<at::Tensor>& m,
+                        const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup, int64_t G,
                         const char* name);
 // Rows at which the int8-activation kernels expand factored (KScale) scales to fp32 once per call rather than per
 // block and 4-row tile: a prefill's tiles share each group's scales (measured: Q4_K at 512 rows 6% slower without).
@@ -171,14 +167,14 @@ struct ExpandedScales {
 };
 
 // The float weight [N, K] through a layout's dequantizing tile (qgemm_f32_cpu.cpp).
-torch::Tensor dequant_by_tiles(const X8Args& a, int64_t G, int64_t N, DequantTile tile);
+at::Tensor dequant_by_tiles(const X8Args& a, int64_t G, int64_t N, DequantTile tile);
 // int4's dequantizing tile for the layout's scale type (qgemm_f32_cpu.cpp).
 DequantTile q4x8_dequant_fn(const X8Layout& l);
 
-X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
-                     const c10::optional<torch::Tensor>& b, int64_t N, const c10::optional<torch::Tensor>& dsup,
-                     const c10::optional<torch::Tensor>& msup);
-X8Layout q8x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                     const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N);
+X8Layout q4x8_layout(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d, const at::Tensor& m,
+                     const c10::optional<at::Tensor>& b, int64_t N, const c10::optional<at::Tensor>& dsup,
+                     const c10::optional<at::Tensor>& msup);
+X8Layout q8x8_layout(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                     const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N);
 
 }  // namespace tk_qgemm

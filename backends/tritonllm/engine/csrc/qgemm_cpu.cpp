@@ -12,14 +12,12 @@
 //   fp8: fp8_cpu.cpp.
 // Output rows are split across torch's intra-op threads; each weight block is unpacked once and used for
 // MB activation rows.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include <immintrin.h>
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <vector>
-#include "kernels.h"
 #include "int8_tiles.h"
 #include "qgemm.h"
 #include "vec_avx2.h"
@@ -69,7 +67,7 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, bool half_sums
   return r;
 }
 
-void check_x(const torch::Tensor& x, int64_t K, const c10::optional<torch::Tensor>& b, int64_t N) {
+void check_x(const at::Tensor& x, int64_t K, const c10::optional<at::Tensor>& b, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.is_contiguous() && x.is_cpu(),
               "quantized linear: contiguous float32 x [M, K] on the CPU expected");
   TORCH_CHECK(K % QK == 0, "quantized linear: K must be a multiple of 32");
@@ -82,9 +80,9 @@ constexpr int64_t PANEL_BYTES = 128 * 1024;
 
 // Tiles of 4 activation rows: a tile's accumulators and block sums (8 + the weights' registers) fit AVX2's 16; 8 rows
 // spill them to the stack at every chunk (measured 2.9x slower at 512 rows: docs/quantization.md, "The matmuls").
-torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G,
+at::Tensor run_x8(const at::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G,
                      bool half_sums) {
-  auto y = torch::empty({x.size(0), base.N}, x.options());
+  auto y = at::empty({x.size(0), base.N}, x.options());
   X8Args a = base;
   a.y = y.data_ptr<float>();
   a.M = x.size(0);
@@ -105,7 +103,7 @@ torch::Tensor run_x8(const torch::Tensor& x, const X8Args& base, X8Tile tile1, X
   return y;
 }
 
-void check_x8(const torch::Tensor& q, int64_t chunks, c10::ScalarType dtype, int64_t N, const char* name) {
+void check_x8(const at::Tensor& q, int64_t chunks, c10::ScalarType dtype, int64_t N, const char* name) {
   TORCH_CHECK(q.dim() == 4 && q.size(2) == chunks && q.size(3) == 32 && q.scalar_type() == dtype && q.is_contiguous() &&
               q.is_cpu(),
               name, ": q [G, K/32, ", chunks, ", 32] expected");
@@ -113,24 +111,24 @@ void check_x8(const torch::Tensor& q, int64_t chunks, c10::ScalarType dtype, int
 }
 
 // d (and m, of d's dtype): fp32 or fp16, contiguous, of the given shape.
-void check_scales(const torch::Tensor& t, const std::vector<int64_t>& shape, c10::ScalarType dtype, const char* name) {
+void check_scales(const at::Tensor& t, const std::vector<int64_t>& shape, c10::ScalarType dtype, const char* name) {
   TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && (dtype == at::kFloat || dtype == at::kHalf) &&
                   t.scalar_type() == dtype && t.is_contiguous() && t.is_cpu(),
               name, ": scales ", at::IntArrayRef(shape), " float32 or float16 (all of one weight's alike) expected, got ",
               t.sizes(), " ", t.scalar_type());
 }
 
-bool check_block_scales(X8Args& args, const torch::Tensor& d, int64_t blocks, const c10::optional<torch::Tensor>& m,
-                        const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup, int64_t G,
+bool check_block_scales(X8Args& args, const at::Tensor& d, int64_t blocks, const c10::optional<at::Tensor>& m,
+                        const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup, int64_t G,
                         const char* name) {
   const int64_t K = args.K;
   const bool has_m = m.has_value() && m->defined(), kscales = d.scalar_type() == at::kChar;
-  auto code_check = [&](const torch::Tensor& t, const std::vector<int64_t>& shape) {
+  auto code_check = [&](const at::Tensor& t, const std::vector<int64_t>& shape) {
     TORCH_CHECK(t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kChar && t.is_contiguous() && t.is_cpu(),
                 name, ": K-quant scale codes ", at::IntArrayRef(shape), " int8 expected, got ", t.sizes(), " ",
                 t.scalar_type());
   };
-  auto sup_check = [&](const c10::optional<torch::Tensor>& t) {
+  auto sup_check = [&](const c10::optional<at::Tensor>& t) {
     TORCH_CHECK(t.has_value() && t->defined() && K % 256 == 0, name, ": int8 scale codes need their super-block scales");
     TORCH_CHECK(t->sizes() == at::IntArrayRef({G, K / 256, 8}) && t->scalar_type() == at::kHalf && t->is_contiguous(),
                 name, ": super-block scales [G, K/256, 8] float16 expected, got ", t->sizes(), " ", t->scalar_type());
@@ -169,9 +167,9 @@ ExpandedScales::ExpandedScales(X8Args& args, int64_t G, int64_t blocks) {
 }
 
 // int4: d and m [G, K/32, 8] (or their K-quant codes with dsup and msup).
-X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
-                     const c10::optional<torch::Tensor>& b, int64_t N, const c10::optional<torch::Tensor>& dsup,
-                     const c10::optional<torch::Tensor>& msup) {
+X8Layout q4x8_layout(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d, const at::Tensor& m,
+                     const c10::optional<at::Tensor>& b, int64_t N, const c10::optional<at::Tensor>& dsup,
+                     const c10::optional<at::Tensor>& msup) {
   check_x8(q, 4, at::kByte, N, "linear_q4x8");
   const int64_t G = q.size(0), K = q.size(1) * QK;
   if (x.defined()) check_x(x, K, b, N);
@@ -184,8 +182,8 @@ X8Layout q4x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch
 
 // int8: d [G, 8] one scale per row; d [G, K/32, 8] per row and block, with m (zero shares) or without; d [G, K/16, 8]
 // per row and half block, without m.
-X8Layout q8x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                     const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+X8Layout q8x8_layout(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                     const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N) {
   check_x8(q, 8, at::kChar, N, "linear_q8x8");
   const int64_t G = q.size(0), K = q.size(1) * QK;
   const bool per_block = d.dim() == 3, has_m = m.has_value() && m->defined();
@@ -203,9 +201,9 @@ X8Layout q8x8_layout(const torch::Tensor& x, const torch::Tensor& q, const torch
 
 Scales scales_of(const X8Layout& l) { return l.kscales ? Scales::K : l.fp16_scales ? Scales::F16 : Scales::F32; }
 
-torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                          const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
-                          const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup) {
+at::Tensor linear_q4x8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                          const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
+                          const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
   const X8Layout l = q4x8_layout(x, q, d, m, b, N, dsup, msup);
   if (l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {  // qgemm.h: the tiles then read fp32 scales
     X8Args a = l.args;
@@ -217,8 +215,8 @@ torch::Tensor linear_q4x8(const torch::Tensor& x, const torch::Tensor& q, const 
   return run_x8(x, l.args, t.x1, t.x4, l.G);
 }
 
-torch::Tensor linear_q8x8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                          const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+at::Tensor linear_q8x8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                          const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N) {
   const X8Layout l = q8x8_layout(x, q, d, m, b, N);
   const X8Tiles t = int8_tiles(l.sub16 ? Codes::Q8_HALF : l.per_block ? Codes::Q8_BLOCK : Codes::Q8_ROW, scales_of(l));
   return run_x8(x, l.args, t.x1, t.x4, l.G);
@@ -274,11 +272,11 @@ void dequant_x8_into(const uint8_t* qp, const S* dp, const S* mp, float* wp, boo
 // The float weight [N, K] of an interleaved int8 / int4 layout, for prefill-sized inputs with fp32 activations
 // (activation_quantization none): oneDNN's fp32 GEMM over it needs the weight once per call (quant.py). int4 goes
 // through its dequantizing tile (every scale type), int8 here.
-torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c10::optional<torch::Tensor>& m,
-                         int64_t N, const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup) {
+at::Tensor dequant_x8(const at::Tensor& q, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+                         int64_t N, const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
   if (q.scalar_type() == at::kByte) {
     TORCH_CHECK(m.has_value() && m->defined(), "dequant_x8: int4 needs m");
-    const X8Layout l = q4x8_layout(torch::Tensor(), q, d, *m, c10::nullopt, N, dsup, msup);
+    const X8Layout l = q4x8_layout(at::Tensor(), q, d, *m, c10::nullopt, N, dsup, msup);
     return dequant_by_tiles(l.args, l.G, N, q4x8_dequant_fn(l));
   }
   check_x8(q, 8, at::kChar, N, "dequant_x8");
@@ -289,7 +287,7 @@ torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c
                "dequant_x8 d");
   TORCH_CHECK(!has_m || halves == 1, "dequant_x8: m needs d of whole blocks");
   if (has_m) check_scales(*m, {G, nb, 8}, d.scalar_type(), "dequant_x8 m");
-  auto w = torch::empty({N, K}, torch::kFloat);
+  auto w = at::empty({N, K}, at::kFloat);
   const uint8_t* qp = static_cast<const uint8_t*>(q.data_ptr());  // int8 codes read as bytes, cast back below
   if (d.scalar_type() == at::kHalf)
     dequant_x8_into<at::Half>(qp, d.data_ptr<at::Half>(), has_m ? m->data_ptr<at::Half>() : nullptr,
@@ -302,33 +300,3 @@ torch::Tensor dequant_x8(const torch::Tensor& q, const torch::Tensor& d, const c
 
 
 }  // namespace tk_qgemm
-using namespace tk_qgemm;
-
-void register_qgemm(pybind11::module& mod) {
-  // every argument positional: m and b may be None (quant.py passes them all)
-  mod.def("linear_q8x8", &linear_q8x8,
-          "y = x W^T (+ b), W int8 8 rows interleaved, per row (d [G, 8]), per 32-block (d, m [G, K/32, 8]) or per 16-block (d [G, K/16, 8])",
-          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true),
-          pybind11::arg("b").none(true), pybind11::arg("N"),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  mod.def("linear_q4x8", &linear_q4x8, "y = x W^T (+ b), W int4 8 rows interleaved per 32-block (d, m [G, K/32, 8])",
-          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
-          pybind11::arg("b").none(true), pybind11::arg("N"), pybind11::arg("dsup") = pybind11::none(),
-          pybind11::arg("msup") = pybind11::none(),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  mod.def("linear_q8x8_f32", &linear_q8x8_f32, "linear_q8x8 with fp32 activations (no activation rounding)",
-          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true),
-          pybind11::arg("b").none(true), pybind11::arg("N"),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  mod.def("linear_q4x8_f32", &linear_q4x8_f32, "linear_q4x8 with fp32 activations (no activation rounding)",
-          pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m"),
-          pybind11::arg("b").none(true), pybind11::arg("N"), pybind11::arg("dsup") = pybind11::none(),
-          pybind11::arg("msup") = pybind11::none(),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  mod.def("cpu_isa", &cpu_isa, "the int8 dot products' instruction set: sets it (auto, avx2, avx512_vnni) and returns it; '' only reads it",
-          pybind11::arg("set") = "");
-  mod.def("dequant_x8", &dequant_x8, "the float weight [N, K] of an interleaved int8 / int4 layout",
-          pybind11::arg("q"), pybind11::arg("d"), pybind11::arg("m").none(true), pybind11::arg("N"),
-          pybind11::arg("dsup") = pybind11::none(), pybind11::arg("msup") = pybind11::none(),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-}

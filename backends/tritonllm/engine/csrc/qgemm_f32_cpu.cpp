@@ -1,10 +1,8 @@
 // Quantized matmuls with fp32 activations (``activation_quantization: none``): the entry points linear_q4x8_f32 /
 // linear_q8x8_f32 (kernels.h); their bindings are registered with the int8-activation ones in qgemm_cpu.cpp.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include <immintrin.h>
 #include <vector>
-#include "kernels.h"
 #include "qgemm.h"
 #include "vec_avx2.h"
 
@@ -186,9 +184,9 @@ void run_f32_tiles(const X8Args& a, DequantTile dequant, int64_t G) {
 
 // Fewer rows: up to 4 activation rows share each widened weight vector (4 accumulators + 4 block sums fit AVX2's
 // 16 registers beside the weights).
-torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, F32Tile tile1, F32Tile tile4,
+at::Tensor run_f32(const at::Tensor& x, X8Args a, bool need_sums, F32Tile tile1, F32Tile tile4,
                       DequantTile dequant, int64_t G) {
-  auto y = torch::empty({x.size(0), a.N}, x.options());
+  auto y = at::empty({x.size(0), a.N}, x.options());
   a.y = y.data_ptr<float>();
   a.x = x.data_ptr<float>();
   a.M = x.size(0);
@@ -215,9 +213,9 @@ torch::Tensor run_f32(const torch::Tensor& x, X8Args a, bool need_sums, F32Tile 
   return y;
 }
 
-torch::Tensor linear_q4x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                              const torch::Tensor& m, const c10::optional<torch::Tensor>& b, int64_t N,
-                              const c10::optional<torch::Tensor>& dsup, const c10::optional<torch::Tensor>& msup) {
+at::Tensor linear_q4x8_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                              const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
+                              const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
   const X8Layout l = q4x8_layout(x, q, d, m, b, N, dsup, msup);
   if (l.kscales)
     return run_f32(x, l.args, true, q4x8_f32_tile<KScale, 1>, q4x8_f32_tile<KScale, 4>, q4x8_dequant_tile<KScale>,
@@ -232,8 +230,8 @@ DequantTile q4x8_dequant_fn(const X8Layout& l) {
   return l.kscales ? q4x8_dequant_tile<KScale> : l.fp16_scales ? q4x8_dequant_tile<at::Half> : q4x8_dequant_tile<float>;
 }
 
-torch::Tensor dequant_by_tiles(const X8Args& a, int64_t G, int64_t N, DequantTile tile) {
-  auto w = torch::empty({N, a.K}, torch::kFloat);
+at::Tensor dequant_by_tiles(const X8Args& a, int64_t G, int64_t N, DequantTile tile) {
+  auto w = at::empty({N, a.K}, at::kFloat);
   float* wp = w.data_ptr<float>();
   at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> t(a.K * 16);
@@ -247,7 +245,7 @@ torch::Tensor dequant_by_tiles(const X8Args& a, int64_t G, int64_t N, DequantTil
 }
 
 template <typename S>
-torch::Tensor run_q8x8_f32(const torch::Tensor& x, const X8Layout& l) {
+at::Tensor run_q8x8_f32(const at::Tensor& x, const X8Layout& l) {
   if (l.sub16)
     return run_f32(x, l.args, false, q8x8_f32_tile<S, true, true, 1>, q8x8_f32_tile<S, true, true, 4>,
                    q8x8_dequant_tile<S, true, true>, l.G);
@@ -258,8 +256,8 @@ torch::Tensor run_q8x8_f32(const torch::Tensor& x, const X8Layout& l) {
                  q8x8_dequant_tile<S, false, false>, l.G);
 }
 
-torch::Tensor linear_q8x8_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                              const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& b, int64_t N) {
+at::Tensor linear_q8x8_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                              const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N) {
   const X8Layout l = q8x8_layout(x, q, d, m, b, N);
   return l.fp16_scales ? run_q8x8_f32<at::Half>(x, l) : run_q8x8_f32<float>(x, l);
 }

@@ -13,13 +13,11 @@
 // With int8 activations the offset is taken out of the integer sums (sum (q - z) x = sum q x - z sum x, exact), so
 // the results are bit for bit those of the same weights held as signed int8 codes; with fp32 activations the
 // widened codes are (q - z) before the scale, the dequantized weights' values.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include <immintrin.h>
 #include <optional>
 #include <vector>
 #include "int8_tiles.h"
-#include "kernels.h"
 #include "qgemm.h"
 
 namespace tk_qgemm {
@@ -91,11 +89,11 @@ void nbit_dequant_tile(const X8Args& a, int64_t g, float* tile) {
 }
 
 struct NbitLayout { X8Layout l; int64_t hb; };
-using Opt = c10::optional<torch::Tensor>;
+using Opt = c10::optional<at::Tensor>;
 
 // q [G, nb, 4, 32] and h [G, nb, HB, 32] uint8; 5-bit: d (and m) [G, nb, 8]; 6-bit: d [G, 2 nb, 8], no m; scales
 // fp32, fp16, or K-quant codes with dsup (and msup).
-NbitLayout nbit_layout(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& d,
+NbitLayout nbit_layout(const at::Tensor& x, const at::Tensor& q, const at::Tensor& h, const at::Tensor& d,
                        const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup, const Opt& msup) {
   TORCH_CHECK(q.dim() == 4 && q.size(2) == 4 && q.size(3) == 32 && q.scalar_type() == at::kByte && q.is_contiguous(),
               "nbit: q [G, K/32, 4, 32] uint8 expected");
@@ -131,8 +129,8 @@ NbitKernels nbit_kernels(const NbitLayout& n) {
   return n.hb == 1 ? nbit_kernels_of<float, 1>() : nbit_kernels_of<float, 2>();
 }
 
-torch::Tensor linear_nbit(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
-                          const torch::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup,
+at::Tensor linear_nbit(const at::Tensor& x, const at::Tensor& q, const at::Tensor& h,
+                          const at::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup,
                           const Opt& msup) {
   NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
   std::optional<ExpandedScales> fp32;  // qgemm.h: from EXPAND_KSCALES_ROWS the tiles read fp32 scales
@@ -145,8 +143,8 @@ torch::Tensor linear_nbit(const torch::Tensor& x, const torch::Tensor& q, const 
   return run_x8(x, n.l.args, t.x1, t.x4, n.l.G, true);
 }
 
-torch::Tensor linear_nbit_f32(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& h,
-                              const torch::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero,
+at::Tensor linear_nbit_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& h,
+                              const at::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero,
                               const Opt& dsup, const Opt& msup) {
   const NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
   const NbitKernels k = nbit_kernels(n);
@@ -154,26 +152,11 @@ torch::Tensor linear_nbit_f32(const torch::Tensor& x, const torch::Tensor& q, co
 }
 
 // The float weight [N, K] (a long prefill with fp32 activations: oneDNN's GEMM over it), through the tiles.
-torch::Tensor dequant_nbit(const torch::Tensor& q, const torch::Tensor& h, const torch::Tensor& d, const Opt& m,
+at::Tensor dequant_nbit(const at::Tensor& q, const at::Tensor& h, const at::Tensor& d, const Opt& m,
                            int64_t N, int64_t zero, const Opt& dsup, const Opt& msup) {
-  const NbitLayout n = nbit_layout(torch::Tensor(), q, h, d, m, c10::nullopt, N, zero, dsup, msup);
+  const NbitLayout n = nbit_layout(at::Tensor(), q, h, d, m, c10::nullopt, N, zero, dsup, msup);
   return dequant_by_tiles(n.l.args, n.l.G, N, nbit_kernels(n).dequant);
 }
 
 }  // namespace tk_qgemm
 
-void register_nbit(pybind11::module& mod) {
-  using namespace tk_qgemm;
-  namespace py = pybind11;
-  mod.def("linear_nbit", &linear_nbit, "y = x W^T (+ b), W 5- / 6-bit codes packed (qgemm_nbit_cpu.cpp), int8 activations",
-          py::arg("x"), py::arg("q"), py::arg("h"), py::arg("d"), py::arg("m").none(true), py::arg("b").none(true),
-          py::arg("N"), py::arg("zero"), py::arg("dsup") = py::none(), py::arg("msup") = py::none(),
-          py::call_guard<py::gil_scoped_release>());
-  mod.def("linear_nbit_f32", &linear_nbit_f32, "linear_nbit with fp32 activations (no activation rounding)",
-          py::arg("x"), py::arg("q"), py::arg("h"), py::arg("d"), py::arg("m").none(true), py::arg("b").none(true),
-          py::arg("N"), py::arg("zero"), py::arg("dsup") = py::none(), py::arg("msup") = py::none(),
-          py::call_guard<py::gil_scoped_release>());
-  mod.def("dequant_nbit", &dequant_nbit, "the float weight [N, K] of a packed 5- / 6-bit layout",
-          py::arg("q"), py::arg("h"), py::arg("d"), py::arg("m").none(true), py::arg("N"), py::arg("zero"),
-          py::arg("dsup") = py::none(), py::arg("msup") = py::none(), py::call_guard<py::gil_scoped_release>());
-}
