@@ -1,4 +1,5 @@
-"""Native fp32 kernels for the CPU engine (csrc/*.cpp, AVX2 + FMA), compiled on first use.
+"""Native fp32 kernels for the CPU engine (csrc/*.cpp, AVX2 + FMA; the int8 dot products also AVX-512 VNNI, chosen at
+run time: csrc/int8_tiles.h), compiled on first use.
 
 - ``linear``: few-row matmuls (decoding multiplies 1..max_num_seqs rows by every weight). There oneDNN and
   MKL stream weights at 60-75% of the memory bandwidth (M = 1) and leave most FMA units idle (M = 2..96);

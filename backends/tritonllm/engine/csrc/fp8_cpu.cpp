@@ -67,4 +67,3 @@ at::Tensor linear_f8(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 }
 
 }  // namespace tk_fp8
-

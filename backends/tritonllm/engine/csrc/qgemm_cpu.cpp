@@ -298,5 +298,4 @@ at::Tensor dequant_x8(const at::Tensor& q, const at::Tensor& d, const c10::optio
   return w;
 }
 
-
 }  // namespace tk_qgemm

@@ -159,4 +159,3 @@ at::Tensor dequant_nbit(const at::Tensor& q, const at::Tensor& h, const at::Tens
 }
 
 }  // namespace tk_qgemm
-
