@@ -10,7 +10,7 @@ run time: csrc/int8_tiles.h), compiled on first use.
 
 Built with torch.utils.cpp_extension (gcc + ninja) into a folder of torch's extension cache
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) named by the hash of the sources, flags, torch
-version and checkout path, so two checkouts never rebuild each other's; `make build` compiles it once (~60 s) so
+version and checkout path, so two checkouts never rebuild each other's; `make build` compiles it once (~75 s on 2 cores) so
 that model loads only find it. If it cannot be built, `auto` falls back to torch and says so in the log.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .knobs import BY_PARAM
 log = logging.getLogger(__name__)
 
 MODES = BY_PARAM["cpu_kernels"].allowed  # auto | native | torch (engine/knobs.py)
-STALE_LOCK_S = 600  # a build takes ~60 s; a lock this old belongs to a killed build
+STALE_LOCK_S = 600  # a build takes ~75 s; a lock this old belongs to a killed build
 MAX_ROWS = 96      # above this, oneDNN wins (bench_cpu_kernels: 0.9x at M = 128)
 # int8 / int4 weights with fp32 activations: up to this many rows the dequantized-tile kernel (qgemm_f32_cpu.cpp)
 # beats dequantizing the whole weight for oneDNN (SmolLM2's layer shapes, 2 threads: 2.0x at 128 rows, 1.15x at

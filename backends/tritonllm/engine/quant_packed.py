@@ -146,6 +146,10 @@ class RowStack:
     def native(self):
         return self.parts[0].native
 
+    @property
+    def int8_activations(self) -> bool:
+        return self.parts[0].int8_activations
+
     def use_kernels(self, native, int8_activations: bool = True) -> None:
         for p in self.parts:
             p.use_kernels(native, int8_activations)

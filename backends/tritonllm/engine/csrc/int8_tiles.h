@@ -1,8 +1,8 @@
 // The int8-activation tiles (int8, int4 and packed 5- / 6-bit codes), written once for two instruction sets:
 // AVX2 (maddubs: u8 x s8 pairs into int16, madd widens to int32) and AVX-512 VNNI (vpdpbusd on 256-bit vectors: the
 // same four products added into each int32 lane in one instruction). Both compute the same int32 sums, so their
-// results are bit for bit equal; VNNI spends half the instructions a chunk (int8: sign, dpbusd instead of sign,
-// maddubs, madd, add).
+// results are bit for bit equal; VNNI spends fewer instructions a row and chunk (int8: broadcast, sign, dpbusd
+// instead of broadcast, sign, maddubs, madd, add).
 //
 // Included by qgemm_cpu.cpp (VNNI false) and qgemm_vnni_cpu.cpp (VNNI true, under #pragma GCC target). Everything
 // here has internal linkage: a function compiled for AVX-512 in one translation unit must never be the copy the
@@ -24,9 +24,9 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 }
 
 // Independent int32 sums a row keeps over a block's chunks (added up at the block's end; integer sums, so the order
-// changes nothing). vpdpbusd's result feeds the next one: a block's 8 in one chain wait ~4 cycles each (Zen 4), which
-// at one row was all of a decode matmul's time (0.28 ms for a 1536 x 8960 Q4_K weight, 2 threads). AVX2's chain is
-// its 1-cycle adds: one sum.
+// changes nothing). vpdpbusd's result feeds the next one (~4 cycles on Zen 4): in one chain a block's chunks wait on
+// each other, with two or four they overlap (bench_isa.py, Zen 4, 16 rows of a 1536 x 8960 Q4_K weight: 1.51 ms
+// against 1.98 with one chain; one row is memory-bound either way). AVX2's chain is its 1-cycle adds: one sum.
 template <bool VNNI, int MB>
 constexpr int CHAINS = VNNI ? (MB == 1 ? 4 : 2) : 1;
 
