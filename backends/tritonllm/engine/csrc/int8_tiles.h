@@ -30,6 +30,17 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 template <bool VNNI, int MB>
 constexpr int CHAINS = VNNI ? (MB == 1 ? 4 : 2) : 1;
 
+// A block's sums set to zero: s[m] (AVX2's int16 / int32 sums) and each row's chains v[m][0..P).
+template <int MB, int P>
+inline void clear_sums(__m256i (&s)[MB], __m256i (&v)[MB][P]) {
+#pragma GCC unroll 4
+  for (int m = 0; m < MB; ++m) {
+    s[m] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < P; ++c) v[m][c] = _mm256_setzero_si256();
+  }
+}
+
 template <int P>
 inline __m256i sum_chains(const __m256i (&s)[P]) {
   __m256i r = s[0];
@@ -89,12 +100,7 @@ void q4x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0) {
   for (int64_t blk = 0; blk < nb; ++blk) {
     constexpr int P = CHAINS<VNNI, MB>;
     __m256i s[MB], v[MB][P];  // int16 pairs (AVX2), int32 lanes (VNNI)
-#pragma GCC unroll 4
-    for (int m = 0; m < MB; ++m) {
-      s[m] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int c = 0; c < P; ++c) v[m][c] = _mm256_setzero_si256();
-    }
+    clear_sums(s, v);
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + blk * 128 + t * 32));
@@ -154,12 +160,7 @@ void nbit_x8_tile(const X8Args& a, const QuantizedRows& x, int64_t g, int64_t m0
     const uint8_t* hi = a.h + i * 32 * HB;
     constexpr int P = CHAINS<VNNI, MB>;
     __m256i s32[MB], v[MB][P];  // AVX2: int32 sums of the int16 runs; VNNI: its chains, summed per half
-#pragma GCC unroll 4
-    for (int m = 0; m < MB; ++m) {
-      s32[m] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int c = 0; c < P; ++c) v[m][c] = _mm256_setzero_si256();
-    }
+    clear_sums(s32, v);
 #pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
 #pragma GCC unroll 4
