@@ -162,4 +162,5 @@ def make_linear(ext) -> Callable:
 if __name__ == "__main__":  # `make build`: compile once so that model loads find it in the cache
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ext = load()
-    print(f"native CPU kernels: {ext.__file__ if ext else 'not available; the engine uses torch'}")
+    print(f"native CPU kernels: {ext.__file__} (int8 dot products: {ext.cpu_isa()})" if ext else
+          "native CPU kernels: not available; the engine uses torch")
