@@ -20,7 +20,8 @@ native = pytest.mark.skipif(ext is None, reason="native CPU kernels unavailable 
 
 
 def _has_vnni() -> bool:
-    flags = open("/proc/cpuinfo", encoding="ascii", errors="replace").read()
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        flags = f.read()
     return " avx512_vnni" in flags and " avx512vl" in flags
 
 

@@ -42,7 +42,7 @@ inline void f8_row(const F8Args& a, int64_t n, int64_t m0) {
 }
 
 at::Tensor linear_f8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                        const at::Tensor& lut, const c10::optional<at::Tensor>& b) {
+                     const at::Tensor& lut, const c10::optional<at::Tensor>& b) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous(), "linear_f8: uint8 q [N, K]");
   const int64_t N = q.size(0), K = q.size(1);
   TORCH_CHECK(d.numel() == N && d.scalar_type() == at::kFloat && d.is_contiguous(), "linear_f8: d [N] float32");

@@ -30,24 +30,24 @@ void decode_attention(const at::Tensor& qkv, const at::Tensor& kc, const at::Ten
 namespace tk_qgemm {
 // dsup / msup: K-quant super-block scales where d / m hold int8 codes (qgemm.h, KScale); else None.
 at::Tensor linear_q4x8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                          const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
-                          const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup);
+                       const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
+                       const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup);
 at::Tensor linear_q4x8_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                              const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
-                              const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup);
+                           const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
+                           const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup);
 at::Tensor linear_q8x8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                          const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N);
+                       const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N);
 at::Tensor linear_q8x8_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                              const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b,
-                              int64_t N);
+                           const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b,
+                           int64_t N);
 at::Tensor linear_nbit(const at::Tensor& x, const at::Tensor& q, const at::Tensor& h, const at::Tensor& d,
-                          const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N,
-                          int64_t zero, const c10::optional<at::Tensor>& dsup,
-                          const c10::optional<at::Tensor>& msup);
+                       const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N,
+                       int64_t zero, const c10::optional<at::Tensor>& dsup,
+                       const c10::optional<at::Tensor>& msup);
 at::Tensor linear_nbit_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& h,
-                              const at::Tensor& d, const c10::optional<at::Tensor>& m,
-                              const c10::optional<at::Tensor>& b, int64_t N, int64_t zero,
-                              const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup);
+                           const at::Tensor& d, const c10::optional<at::Tensor>& m,
+                           const c10::optional<at::Tensor>& b, int64_t N, int64_t zero,
+                           const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup);
 at::Tensor dequant_x8(const at::Tensor& q, const at::Tensor& d, const c10::optional<at::Tensor>& m, int64_t N,
                       const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup);
 at::Tensor dequant_nbit(const at::Tensor& q, const at::Tensor& h, const at::Tensor& d, const c10::optional<at::Tensor>& m,

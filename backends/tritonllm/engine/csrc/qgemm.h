@@ -138,11 +138,11 @@ using DequantTile = void (*)(const X8Args&, int64_t g, float* tile);  // group g
 
 // int8 activations (qgemm_cpu.cpp): x quantized once, then tile4 / tile1 over every group in L2-sized row panels.
 at::Tensor run_x8(const at::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G,
-                     bool half_sums = false);
+                  bool half_sums = false);
 // fp32 activations (qgemm_f32_cpu.cpp): widened codes for few rows (per-block activation sums in xs when need_sums),
 // dequantized [K, 16] tiles for TILE_ROWS or more.
 at::Tensor run_f32(const at::Tensor& x, X8Args a, bool need_sums, F32Tile tile1, F32Tile tile4,
-                      DequantTile dequant, int64_t G);
+                   DequantTile dequant, int64_t G);
 // The check every quantized matmul makes of its activations and bias.
 void check_x(const at::Tensor& x, int64_t K, const c10::optional<at::Tensor>& b, int64_t N);
 void check_scales(const at::Tensor& t, const std::vector<int64_t>& shape, c10::ScalarType dtype, const char* name);

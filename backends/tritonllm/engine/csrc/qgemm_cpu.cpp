@@ -1,4 +1,5 @@
-// Matmuls y[M, N] = x[M, K] W[N, K]^T (+ b) over INT8 / INT4 weights, with int8 dot products (AVX2).
+// Matmuls y[M, N] = x[M, K] W[N, K]^T (+ b) over INT8 / INT4 weights, with int8 dot products (AVX2, or
+// AVX-512 VNNI where the CPU has it: the tiles are int8_tiles.h's, chosen by int8_tiles below).
 //
 // Why int8 dot products: unpacking quantized weights to fp32 and multiplying in fp32 costs ~2 instructions per
 // weight, which at batch 1 is slower than streaming fp32 weights. Quantizing the activations per 32-element
@@ -79,9 +80,9 @@ void check_x(const at::Tensor& x, int64_t K, const c10::optional<at::Tensor>& b,
 constexpr int64_t PANEL_BYTES = 128 * 1024;
 
 // Tiles of 4 activation rows: a tile's accumulators and block sums (8 + the weights' registers) fit AVX2's 16; 8 rows
-// spill them to the stack at every chunk (measured 2.9x slower at 512 rows: docs/quantization.md, "The matmuls").
-at::Tensor run_x8(const at::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G,
-                     bool half_sums) {
+// spill them to the stack at every chunk (measured 2.9x slower at 512 rows: docs/quantization.md, "The matmuls"), and
+// with VNNI's 32 registers GCC still spills them (measured 0.70-0.94x the AVX2 tiles on Q6_K at 16-512 rows).
+at::Tensor run_x8(const at::Tensor& x, const X8Args& base, X8Tile tile1, X8Tile tile4, int64_t G, bool half_sums) {
   auto y = at::empty({x.size(0), base.N}, x.options());
   X8Args a = base;
   a.y = y.data_ptr<float>();
@@ -202,8 +203,8 @@ X8Layout q8x8_layout(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 Scales scales_of(const X8Layout& l) { return l.kscales ? Scales::K : l.fp16_scales ? Scales::F16 : Scales::F32; }
 
 at::Tensor linear_q4x8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                          const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
-                          const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
+                       const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
+                       const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
   const X8Layout l = q4x8_layout(x, q, d, m, b, N, dsup, msup);
   if (l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {  // qgemm.h: the tiles then read fp32 scales
     X8Args a = l.args;
@@ -216,7 +217,7 @@ at::Tensor linear_q4x8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 }
 
 at::Tensor linear_q8x8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                          const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N) {
+                       const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N) {
   const X8Layout l = q8x8_layout(x, q, d, m, b, N);
   const X8Tiles t = int8_tiles(l.sub16 ? Codes::Q8_HALF : l.per_block ? Codes::Q8_BLOCK : Codes::Q8_ROW, scales_of(l));
   return run_x8(x, l.args, t.x1, t.x4, l.G);
@@ -273,7 +274,7 @@ void dequant_x8_into(const uint8_t* qp, const S* dp, const S* mp, float* wp, boo
 // (activation_quantization none): oneDNN's fp32 GEMM over it needs the weight once per call (quant.py). int4 goes
 // through its dequantizing tile (every scale type), int8 here.
 at::Tensor dequant_x8(const at::Tensor& q, const at::Tensor& d, const c10::optional<at::Tensor>& m,
-                         int64_t N, const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
+                      int64_t N, const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
   if (q.scalar_type() == at::kByte) {
     TORCH_CHECK(m.has_value() && m->defined(), "dequant_x8: int4 needs m");
     const X8Layout l = q4x8_layout(at::Tensor(), q, d, *m, c10::nullopt, N, dsup, msup);

@@ -185,7 +185,7 @@ void run_f32_tiles(const X8Args& a, DequantTile dequant, int64_t G) {
 // Fewer rows: up to 4 activation rows share each widened weight vector (4 accumulators + 4 block sums fit AVX2's
 // 16 registers beside the weights).
 at::Tensor run_f32(const at::Tensor& x, X8Args a, bool need_sums, F32Tile tile1, F32Tile tile4,
-                      DequantTile dequant, int64_t G) {
+                   DequantTile dequant, int64_t G) {
   auto y = at::empty({x.size(0), a.N}, x.options());
   a.y = y.data_ptr<float>();
   a.x = x.data_ptr<float>();
@@ -214,8 +214,8 @@ at::Tensor run_f32(const at::Tensor& x, X8Args a, bool need_sums, F32Tile tile1,
 }
 
 at::Tensor linear_q4x8_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                              const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
-                              const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
+                           const at::Tensor& m, const c10::optional<at::Tensor>& b, int64_t N,
+                           const c10::optional<at::Tensor>& dsup, const c10::optional<at::Tensor>& msup) {
   const X8Layout l = q4x8_layout(x, q, d, m, b, N, dsup, msup);
   if (l.kscales)
     return run_f32(x, l.args, true, q4x8_f32_tile<KScale, 1>, q4x8_f32_tile<KScale, 4>, q4x8_dequant_tile<KScale>,
@@ -257,7 +257,7 @@ at::Tensor run_q8x8_f32(const at::Tensor& x, const X8Layout& l) {
 }
 
 at::Tensor linear_q8x8_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                              const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N) {
+                           const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& b, int64_t N) {
   const X8Layout l = q8x8_layout(x, q, d, m, b, N);
   return l.fp16_scales ? run_q8x8_f32<at::Half>(x, l) : run_q8x8_f32<float>(x, l);
 }

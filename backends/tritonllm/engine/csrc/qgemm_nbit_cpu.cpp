@@ -130,8 +130,8 @@ NbitKernels nbit_kernels(const NbitLayout& n) {
 }
 
 at::Tensor linear_nbit(const at::Tensor& x, const at::Tensor& q, const at::Tensor& h,
-                          const at::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup,
-                          const Opt& msup) {
+                       const at::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero, const Opt& dsup,
+                       const Opt& msup) {
   NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
   std::optional<ExpandedScales> fp32;  // qgemm.h: from EXPAND_KSCALES_ROWS the tiles read fp32 scales
   if (n.l.kscales && x.size(0) >= EXPAND_KSCALES_ROWS) {
@@ -144,8 +144,8 @@ at::Tensor linear_nbit(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 }
 
 at::Tensor linear_nbit_f32(const at::Tensor& x, const at::Tensor& q, const at::Tensor& h,
-                              const at::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero,
-                              const Opt& dsup, const Opt& msup) {
+                           const at::Tensor& d, const Opt& m, const Opt& b, int64_t N, int64_t zero,
+                           const Opt& dsup, const Opt& msup) {
   const NbitLayout n = nbit_layout(x, q, h, d, m, b, N, zero, dsup, msup);
   const NbitKernels k = nbit_kernels(n);
   return run_f32(x, n.l.args, n.l.has_m, k.f1, k.f4, k.dequant, n.l.G);
@@ -153,7 +153,7 @@ at::Tensor linear_nbit_f32(const at::Tensor& x, const at::Tensor& q, const at::T
 
 // The float weight [N, K] (a long prefill with fp32 activations: oneDNN's GEMM over it), through the tiles.
 at::Tensor dequant_nbit(const at::Tensor& q, const at::Tensor& h, const at::Tensor& d, const Opt& m,
-                           int64_t N, int64_t zero, const Opt& dsup, const Opt& msup) {
+                        int64_t N, int64_t zero, const Opt& dsup, const Opt& msup) {
   const NbitLayout n = nbit_layout(at::Tensor(), q, h, d, m, c10::nullopt, N, zero, dsup, msup);
   return dequant_by_tiles(n.l.args, n.l.G, N, nbit_kernels(n).dequant);
 }
